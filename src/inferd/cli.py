@@ -1,0 +1,87 @@
+"""The ``inferd`` command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from inferd import __version__
+
+
+def bundled_repository() -> Path:
+    """The example model repository shipped inside the package."""
+    return Path(__file__).resolve().parent / "examples" / "repository"
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve model repositories (the default command)")
+    p.add_argument(
+        "--model-repository",
+        "--model-store",
+        dest="model_repository",
+        action="append",
+        type=Path,
+        metavar="DIR",
+        help="Triton-layout model repository; repeat for several (default: the bundled examples)",
+    )
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on (default: 0.0.0.0, as Triton)")
+    p.add_argument("--http-port", type=int, default=8000, help="KServe V2 REST port (default: 8000)")
+    p.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity"
+    )
+    p.add_argument(
+        "--strict-readiness",
+        default=True,
+        action=argparse.BooleanOptionalAction,
+        help="ready only when every model loaded (default: on, as Triton)",
+    )
+    p.add_argument(
+        "--max-request-size", type=int, default=64 * 1024 * 1024, metavar="BYTES", help="largest request body accepted"
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM/Ctrl-C, how long in-flight requests may take to finish",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="inferd", description="Model inference server.")
+    parser.add_argument("--version", action="version", version=f"inferd {__version__}")
+    sub = parser.add_subparsers(dest="command")
+    _serve_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+        argv.insert(0, "serve")
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        from inferd.serve import ServeOptions, run
+
+        logging.basicConfig(
+            level=getattr(logging, args.log_level.upper()),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+        repositories = args.model_repository or [bundled_repository()]
+        options = ServeOptions(
+            repositories=repositories,
+            host=args.host,
+            http_port=args.http_port,
+            strict_readiness=args.strict_readiness,
+            max_request_size=args.max_request_size,
+            drain_timeout=args.drain_timeout,
+        )
+        return run(options)
+    build_parser().print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,327 @@
+"""A loaded model version: its configuration, instances, scheduler, statistics and validation."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from time import perf_counter_ns
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as pb
+
+from inferd.backends import backend_class
+from inferd.backends.base import Backend, Device
+from inferd.config.model_config import (
+    ModelConfig,
+    complete_config,
+    config_to_dict,
+    resolve_platform,
+    validate_config,
+)
+from inferd.core.datatypes import CONFIG_TO_V2, V2_TO_NUMPY, v2_name
+from inferd.core.errors import InferdError, InvalidRequest, ModelLoadError, Unavailable
+from inferd.core.scheduler import BatchPolicy, Instance, Scheduler
+from inferd.core.stats import ModelStats
+from inferd.core.types import InferRequest, Tensors
+
+log = logging.getLogger("inferd.model")
+
+
+def _gpu_count() -> int:
+    try:
+        import onnxruntime as ort
+
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            return 0
+    except ImportError:
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip()])
+    try:
+        import ctypes
+
+        cuda = ctypes.CDLL("libcudart.so")
+        count = ctypes.c_int()
+        return count.value if cuda.cudaGetDeviceCount(ctypes.byref(count)) == 0 else 0
+    except OSError:
+        return 0
+
+
+def plan_devices(config: ModelConfig) -> list[Device]:
+    """One Device per instance, following ``instance_group`` (Triton's defaults where it's empty)."""
+    gpus = _gpu_count()
+    plan: list[tuple[str, int]] = []
+    groups = list(config.instance_group) or [pb.ModelInstanceGroup(kind=pb.ModelInstanceGroup.KIND_AUTO)]
+    for group in groups:
+        count = group.count or 1
+        kind = group.kind
+        if kind == pb.ModelInstanceGroup.KIND_AUTO:
+            kind = pb.ModelInstanceGroup.KIND_GPU if gpus else pb.ModelInstanceGroup.KIND_CPU
+        if kind == pb.ModelInstanceGroup.KIND_GPU:
+            if not gpus:
+                raise ModelLoadError(
+                    f"model '{config.name}': instance_group asks for KIND_GPU but no GPU is available "
+                    "(use KIND_CPU, or KIND_AUTO to fall back to the CPU)"
+                )
+            ids = list(group.gpus) or list(range(gpus))
+            for gpu in ids:
+                if gpu >= gpus:
+                    raise ModelLoadError(f"model '{config.name}': instance_group names GPU {gpu} but only {gpus} exist")
+                plan.extend(("gpu", gpu) for _ in range(count))
+        else:
+            plan.extend(("cpu", 0) for _ in range(count))
+    cpu_instances = sum(1 for kind, _ in plan if kind == "cpu") or 1
+    threads = max(1, (os.cpu_count() or 1) // cpu_instances)
+    return [Device(kind, index, threads if kind == "cpu" else 1) for kind, index in plan]
+
+
+def batch_policy(config: ModelConfig) -> BatchPolicy:
+    if not config.HasField("dynamic_batching"):
+        return BatchPolicy(max_batch_size=config.max_batch_size)
+    batching = config.dynamic_batching
+    queue = batching.default_queue_policy
+    return BatchPolicy(
+        max_batch_size=config.max_batch_size,
+        dynamic=True,
+        preferred=tuple(batching.preferred_batch_size),
+        max_queue_delay_ns=batching.max_queue_delay_microseconds * 1000,
+        max_queue_size=queue.max_queue_size,
+        timeout_ns=queue.default_timeout_microseconds * 1000,
+        timeout_delays=queue.timeout_action == pb.ModelQueuePolicy.DELAY,
+        allow_timeout_override=queue.allow_timeout_override,
+    )
+
+
+class _InputSpec:
+    __slots__ = ("name", "dtype", "datatype", "dims", "wildcard", "optional")
+
+    def __init__(self, name: str, datatype: str, dims: tuple[int, ...], optional: bool) -> None:
+        self.name = name
+        self.datatype = datatype
+        self.dtype = V2_TO_NUMPY.get(datatype)
+        self.dims = dims
+        self.wildcard = -1 in dims
+        self.optional = optional
+
+
+class Model:
+    """One version of one model, from load to unload."""
+
+    def __init__(self, config: ModelConfig, version: int, path: Path) -> None:
+        self.name = config.name
+        self.version = version
+        self.version_str = str(version)
+        self.config = config
+        self.path = path
+        self.state = "LOADING"
+        self.reason = ""
+        self.stats = ModelStats()
+        self.scheduler: Scheduler | None = None
+        self.instances: list[Instance] = []
+        self.max_batch_size = 0
+        self.inflight = 0
+        self._inputs: dict[str, _InputSpec] = {}
+        self._required: frozenset[str] = frozenset()
+        self._outputs: frozenset[str] = frozenset()
+        self._needs_signature = False
+
+    # -- loading ---------------------------------------------------------------------------
+    def load(self, config_found: bool) -> None:
+        """Create the backends (blocking: call it off the event loop) and complete the config."""
+        config = self.config
+        resolve_platform(config, self.path)
+        validate_config(config)
+        model_file = self.path / config.default_model_filename
+        if not model_file.exists():
+            raise ModelLoadError(f"model '{self.name}' version {self.version}: {model_file} does not exist")
+        devices = plan_devices(config)
+        cls = backend_class(config.backend)
+        backends: list[Backend] = []
+        try:
+            first = cls(model_file, config, devices[0])
+            backends.append(first)
+            inputs, outputs = first.signature()
+            complete_config(config, inputs, outputs, config_found)
+            validate_config(config)
+            devices = plan_devices(config)
+            backends.extend(cls(model_file, config, device) for device in devices[1:])
+        except BaseException:
+            for backend in backends:
+                backend.close()
+            raise
+        self.instances = [
+            Instance(f"{self.name}-{self.version}-{i}", backend, device)
+            for i, (backend, device) in enumerate(zip(backends, devices))
+        ]
+        self._prepare_specs()
+
+    def _prepare_specs(self) -> None:
+        config = self.config
+        self.max_batch_size = config.max_batch_size
+        self._inputs = {}
+        for entry in config.input:
+            datatype = CONFIG_TO_V2.get(pb.DataType.Name(entry.data_type), "INVALID")
+            dims = tuple(entry.dims)
+            self._inputs[entry.name] = _InputSpec(entry.name, datatype, dims, entry.optional)
+        self._required = frozenset(n for n, s in self._inputs.items() if not s.optional)
+        self._outputs = frozenset(entry.name for entry in config.output)
+        self._needs_signature = any(s.wildcard or s.optional for s in self._inputs.values())
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.scheduler = Scheduler(
+            f"{self.name}", batch_policy(self.config), self.instances, loop, self._deliver
+        )
+        self.scheduler.start()
+        self.state = "READY"
+
+    def stop(self) -> None:
+        """Stop the instances; anything still queued is failed with a clear error."""
+        self.state = "UNAVAILABLE"
+        self.reason = "unloaded"
+        if self.scheduler is not None:
+            left = self.scheduler.stop()
+            if left:
+                self._deliver(left, None, Unavailable(f"model '{self.name}' was unloaded"), 0, 0, 0, 0)
+        for instance in self.instances:
+            instance.backend.close()
+        self.instances = []
+
+    # -- requests --------------------------------------------------------------------------
+    def submit(self, request: InferRequest) -> None:
+        """Validate and queue a request (on the event loop). Raises InferdError when refused."""
+        if self.state != "READY":
+            raise Unavailable(f"model '{self.name}' version {self.version} is not ready")
+        self._validate(request)
+        assert self.scheduler is not None
+        self.scheduler.enqueue(request)
+        self.inflight += 1
+
+    def _validate(self, request: InferRequest) -> None:
+        inputs = request.inputs
+        specs = self._inputs
+        batching = self.max_batch_size > 0
+        rows = -1
+        for name, array in inputs.items():
+            spec = specs.get(name)
+            if spec is None:
+                raise InvalidRequest(f"unexpected inference input '{name}' for model '{self.name}'")
+            if array.dtype != spec.dtype:
+                raise InvalidRequest(
+                    f"inference input '{name}' has datatype {_datatype(array)} but model '{self.name}' "
+                    f"expects {spec.datatype}"
+                )
+            shape = array.shape
+            if batching:
+                if not shape:
+                    raise self._shape_error(spec, shape)
+                if rows == -1:
+                    rows = shape[0]
+                elif shape[0] != rows:
+                    raise InvalidRequest(
+                        f"inputs of model '{self.name}' must share one batch size: '{name}' has {shape[0]}, "
+                        f"others have {rows}"
+                    )
+                shape = shape[1:]
+            if shape != spec.dims:
+                dims = spec.dims
+                if not spec.wildcard or len(shape) != len(dims) or any(
+                    d != -1 and d != s for d, s in zip(dims, shape)
+                ):
+                    raise self._shape_error(spec, array.shape)
+        if len(inputs) < len(self._required) or not self._required.issubset(inputs):
+            missing = sorted(self._required.difference(inputs))
+            raise InvalidRequest(
+                f"model '{self.name}' expects {len(self._required)} inputs but got {len(inputs)}: "
+                f"missing required input(s) {missing}"
+            )
+        if batching:
+            if rows < 1 or rows > self.max_batch_size:
+                raise InvalidRequest(
+                    f"inference request batch size {rows} for model '{self.name}' must be between 1 and "
+                    f"max_batch_size {self.max_batch_size}"
+                )
+            request.rows = rows
+        if self._needs_signature:
+            request.signature = tuple((n, a.shape[1:] if batching else a.shape) for n, a in sorted(inputs.items()))
+        if request.requested_outputs:
+            for name in request.requested_outputs:
+                if name not in self._outputs:
+                    raise InvalidRequest(f"unexpected inference output '{name}' for model '{self.name}'")
+
+    def _shape_error(self, spec: _InputSpec, shape: tuple[int, ...]) -> InvalidRequest:
+        expected = ([-1] if self.max_batch_size > 0 else []) + list(spec.dims)
+        return InvalidRequest(
+            f"unexpected shape for input '{spec.name}' for model '{self.name}': expected "
+            f"{_dims(expected)}, got {_dims(shape)}"
+        )
+
+    def _deliver(
+        self,
+        batch: list[InferRequest],
+        results: list[Tensors] | None,
+        error: InferdError | None,
+        queue_ns: int,
+        input_ns: int,
+        infer_ns: int,
+        output_ns: int,
+    ) -> None:
+        """Runs on the event loop: account for the batch, then answer each of its requests."""
+        stats = self.stats
+        now = perf_counter_ns()
+        self.inflight -= len(batch)
+        if results is not None:
+            stats.record_batch(sum(r.rows for r in batch), len(batch), queue_ns, input_ns, infer_ns, output_ns)
+            stats.success_count += len(batch)
+            for request, outputs in zip(batch, results):
+                stats.success_ns += now - request.received_ns
+                wanted = request.requested_outputs
+                if wanted:
+                    outputs = {name: outputs[name] for name in wanted}
+                request.done(request, outputs, None)
+        else:
+            stats.fail_count += len(batch)
+            for request in batch:
+                stats.fail_ns += now - request.received_ns
+                request.done(request, None, error)
+
+    def fail_request(self, request: InferRequest) -> None:
+        """Count a request refused before it was queued (bad input, full queue)."""
+        self.stats.fail_count += 1
+        self.stats.fail_ns += perf_counter_ns() - request.received_ns
+
+    # -- descriptions ----------------------------------------------------------------------
+    def metadata(self, versions: list[str]) -> dict[str, Any]:
+        prefix = [-1] if self.max_batch_size > 0 else []
+
+        def tensors(entries: Any) -> list[dict[str, Any]]:
+            return [
+                {
+                    "name": e.name,
+                    "datatype": CONFIG_TO_V2.get(pb.DataType.Name(e.data_type), "INVALID"),
+                    "shape": prefix + list(e.dims),
+                }
+                for e in entries
+            ]
+
+        return {
+            "name": self.name,
+            "versions": versions,
+            "platform": self.config.platform,
+            "inputs": tensors(self.config.input),
+            "outputs": tensors(self.config.output),
+        }
+
+    def config_dict(self) -> dict[str, Any]:
+        return config_to_dict(self.config)
+
+
+def _datatype(array: np.ndarray) -> str:
+    return v2_name(array.dtype)
+
+
+def _dims(shape: Any) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"

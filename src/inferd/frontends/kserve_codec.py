@@ -1,0 +1,187 @@
+"""KServe V2 JSON + Triton binary tensor extension: wire bytes <-> named numpy arrays.
+
+Shared by every front end that speaks V2 JSON; knows nothing of sockets or models.
+"""
+
+from __future__ import annotations
+
+from math import prod
+from typing import Any
+
+import numpy as np
+import orjson
+
+from inferd.core.datatypes import ITEMSIZE, NUMPY_TO_V2, V2_TO_NUMPY, deserialize_bytes_tensor, serialize_bytes_tensor
+from inferd.core.errors import InvalidRequest
+from inferd.core.types import Tensors
+
+_NUMPY_OPTION = orjson.OPT_SERIALIZE_NUMPY
+
+
+def split_body(body: bytes, header_length: bytes | None) -> tuple[dict[str, Any], memoryview | None]:
+    """Parse the JSON header of an infer request; returns it and the binary part (if any)."""
+    try:
+        if header_length is None:
+            header = orjson.loads(body)
+            binary = None
+        else:
+            try:
+                length = int(header_length)
+            except ValueError:
+                raise InvalidRequest(
+                    f"Inference-Header-Content-Length must be an integer, not '{header_length.decode('latin-1')}'"
+                ) from None
+            if length < 0 or length > len(body):
+                raise InvalidRequest(
+                    f"Inference-Header-Content-Length {length} is outside the request body of {len(body)} bytes"
+                )
+            view = memoryview(body)
+            header = orjson.loads(view[:length])
+            binary = view[length:]
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"failed to parse the request JSON: {exc}") from None
+    if type(header) is not dict:
+        raise InvalidRequest("the request JSON must be an object")
+    return header, binary
+
+
+def decode_inputs(entries: Any, binary: memoryview | None) -> Tensors:
+    """The ``inputs`` of a request as numpy arrays (binary data is wrapped, not copied)."""
+    if type(entries) is not list or not entries:
+        raise InvalidRequest("the request must have a non-empty 'inputs' list")
+    inputs: Tensors = {}
+    offset = 0
+    for entry in entries:
+        if type(entry) is not dict:
+            raise InvalidRequest("each entry of 'inputs' must be an object")
+        name = entry.get("name")
+        shape = entry.get("shape")
+        datatype = entry.get("datatype")
+        if type(name) is not str:
+            raise InvalidRequest("each input needs a 'name' string")
+        if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
+            raise InvalidRequest(f"input '{name}' needs a 'shape' list of non-negative integers")
+        dtype = V2_TO_NUMPY.get(datatype)  # type: ignore[arg-type]
+        if dtype is None:
+            raise InvalidRequest(
+                f"input '{name}' has unsupported datatype {datatype!r} (one of {', '.join(V2_TO_NUMPY)})"
+            )
+        if name in inputs:
+            raise InvalidRequest(f"input '{name}' is given twice")
+        count = prod(shape)
+        params = entry.get("parameters")
+        size = params.get("binary_data_size") if type(params) is dict else None
+        if size is not None:
+            if binary is None:
+                raise InvalidRequest(
+                    f"input '{name}' has binary_data_size but the request has no binary part "
+                    "(set the Inference-Header-Content-Length header)"
+                )
+            if type(size) is not int or size < 0:
+                raise InvalidRequest(f"input '{name}': binary_data_size must be a non-negative integer")
+            end = offset + size
+            if end > len(binary):
+                raise InvalidRequest(
+                    f"input '{name}': binary_data_size {size} runs past the end of the binary data "
+                    f"({len(binary) - offset} bytes left)"
+                )
+            chunk = binary[offset:end]
+            offset = end
+            if datatype == "BYTES":
+                try:
+                    array = deserialize_bytes_tensor(chunk, count).reshape(shape)
+                except ValueError as exc:
+                    raise InvalidRequest(f"input '{name}': {exc}") from None
+            else:
+                expected = count * ITEMSIZE[datatype]
+                if size != expected:
+                    raise InvalidRequest(
+                        f"input '{name}' has {size} bytes of binary data but shape {shape} of {datatype} "
+                        f"needs {expected}"
+                    )
+                array = np.frombuffer(chunk, dtype).reshape(shape)
+        else:
+            if "data" not in entry:
+                raise InvalidRequest(f"input '{name}' has neither 'data' nor binary_data_size")
+            array = json_to_array(name, entry["data"], datatype, dtype, shape, count)
+        inputs[name] = array
+    if binary is not None and offset != len(binary):
+        raise InvalidRequest(
+            f"the request has {len(binary) - offset} bytes of binary data that no input claims "
+            "(check binary_data_size and Inference-Header-Content-Length)"
+        )
+    return inputs
+
+
+def json_to_array(name: str, data: Any, datatype: str, dtype: np.dtype, shape: list[int], count: int) -> np.ndarray:
+    try:
+        if datatype == "BYTES":
+            flat = np.asarray(data, dtype=np.object_).reshape(-1)
+            array = np.empty(flat.shape, dtype=np.object_)
+            for i, item in enumerate(flat):
+                if type(item) is str:
+                    array[i] = item.encode()
+                elif type(item) is bytes:
+                    array[i] = item
+                else:
+                    raise ValueError(f"BYTES elements must be strings, not {type(item).__name__}")
+        else:
+            array = np.asarray(data, dtype=dtype)
+            if datatype != "BOOL" and array.dtype.kind != "b" and _has_bools(data):
+                raise ValueError("booleans given for a numeric tensor")
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise InvalidRequest(f"input '{name}': data is not valid {datatype}: {exc}") from None
+    if array.size != count:
+        raise InvalidRequest(f"input '{name}' has {array.size} elements in 'data' but shape {shape} needs {count}")
+    return array.reshape(shape)
+
+
+def _has_bools(data: Any) -> bool:
+    # Only the first element is checked: enough to refuse `true` sent for an INT tensor cheaply.
+    while type(data) is list and data:
+        data = data[0]
+    return type(data) is bool
+
+
+def encode_response(
+    model_name: str,
+    model_version: str,
+    request_id: str | None,
+    outputs: Tensors,
+    binary_outputs: dict[str, bool] | None,
+    binary_default: bool,
+    parameters: dict[str, Any] | None = None,
+) -> tuple[bytes, list[Any]]:
+    """The JSON header of a response and the binary parts that follow it (empty if all JSON)."""
+    entries = []
+    parts: list[Any] = []
+    for name, array in outputs.items():
+        datatype = NUMPY_TO_V2.get(array.dtype, "BYTES")
+        binary = binary_outputs.get(name, binary_default) if binary_outputs else binary_default
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": array.shape}
+        if binary:
+            if datatype == "BYTES":
+                data: Any = serialize_bytes_tensor(array)
+            elif array.nbytes <= 65536 or not array.flags.c_contiguous:
+                data = array.tobytes()
+            else:
+                data = memoryview(array).cast("B")
+            entry["parameters"] = {"binary_data_size": len(data)}
+            parts.append(data)
+        elif datatype == "BYTES":
+            entry["data"] = [_text(item) for item in array.reshape(-1)]
+        else:
+            entry["data"] = np.ascontiguousarray(array).reshape(-1)
+        entries.append(entry)
+    response: dict[str, Any] = {"model_name": model_name, "model_version": model_version, "outputs": entries}
+    if request_id is not None:
+        response["id"] = request_id
+    if parameters:
+        response["parameters"] = parameters
+    return orjson.dumps(response, option=_NUMPY_OPTION), parts
+
+
+def _text(item: Any) -> str:
+    if isinstance(item, bytes):
+        return item.decode("utf-8", "backslashreplace")
+    return item if isinstance(item, str) else str(item)

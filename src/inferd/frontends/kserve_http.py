@@ -1,0 +1,183 @@
+"""KServe V2 (Open Inference Protocol) over REST, with Triton's extensions.
+
+Routes: ``/v2``, ``/v2/health/{live,ready}``, ``/v2/models/{m}[/versions/{v}]`` with ``/ready``,
+``/infer``, ``/config`` and ``/stats``, ``/v2/models/stats`` and ``/v2/repository/index``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from urllib.parse import unquote
+
+from inferd.core.errors import InferdError, InvalidRequest
+from inferd.core.server import InferenceServer
+from inferd.core.types import InferRequest, Tensors
+from inferd.frontends.http import HttpRequest
+from inferd.frontends.kserve_codec import decode_inputs, encode_response, split_body
+
+log = logging.getLogger("inferd.kserve")
+
+_GET = b"GET"
+_POST = b"POST"
+_JSON = b"application/json"
+_OCTET = b"application/octet-stream"
+_HEADER_LENGTH = b"inference-header-content-length"
+
+
+class _Context:
+    """What the front end remembers about a request while the core runs it."""
+
+    __slots__ = ("http", "model_name", "version", "binary_outputs", "binary_default")
+
+    def __init__(
+        self, http: HttpRequest, model_name: str, version: str, binary_outputs: dict[str, bool] | None, binary_default: bool
+    ) -> None:
+        self.http = http
+        self.model_name = model_name
+        self.version = version
+        self.binary_outputs = binary_outputs
+        self.binary_default = binary_default
+
+
+class KServeHttp:
+    """Translates V2 REST requests to core calls and core answers back to V2 REST."""
+
+    def __init__(self, server: InferenceServer) -> None:
+        self.server = server
+
+    def __call__(self, request: HttpRequest) -> None:
+        path = request.path
+        try:
+            if path.startswith("/v2/models/"):
+                self._model_route(request, path[11:])
+            elif path == "/v2/health/live":
+                self._expect(request, _GET)
+                request.respond(200 if self.server.live else 503, b"")
+            elif path == "/v2/health/ready":
+                self._expect(request, _GET)
+                request.respond(200 if self.server.ready else 503, b"")
+            elif path == "/v2" or path == "/v2/":
+                self._expect(request, _GET)
+                request.respond_json(200, self.server.metadata())
+            elif path == "/v2/models":
+                request.respond_error(404, "use /v2/repository/index to list models")
+            elif path == "/v2/repository/index":
+                self._expect(request, _POST)
+                request.respond_json(200, self.server.index())
+            else:
+                request.respond_error(404, f"no route for {request.method.decode()} {path}")
+        except InferdError as exc:
+            request.respond_error(exc.status, exc.message)
+
+    @staticmethod
+    def _expect(request: HttpRequest, method: bytes) -> None:
+        if request.method != method:
+            raise _MethodNotAllowed(f"{request.method.decode()} is not allowed on {request.path}; use {method.decode()}")
+
+    def _model_route(self, request: HttpRequest, rest: str) -> None:
+        parts = rest.split("/")
+        name = unquote(parts[0]) if "%" in parts[0] else parts[0]
+        version: str | None = None
+        tail = parts[1:]
+        if len(tail) >= 2 and tail[0] == "versions":
+            version = tail[1]
+            tail = tail[2:]
+        action = tail[0] if tail else ""
+        if len(tail) > 1 or not name:
+            request.respond_error(404, f"no route for {request.method.decode()} {request.path}")
+            return
+        if action == "infer":
+            self._expect(request, _POST)
+            self.infer(request, name, version)
+        elif name == "stats" and not tail and version is None:
+            self._expect(request, _GET)
+            request.respond_json(200, self.server.statistics(None, None))
+        elif action == "":
+            self._expect(request, _GET)
+            request.respond_json(200, self.server.model_metadata(name, version))
+        elif action == "ready":
+            self._expect(request, _GET)
+            request.respond(200 if self.server.model_ready(name, version) else 503, b"")
+        elif action == "config":
+            self._expect(request, _GET)
+            request.respond_json(200, self.server.model(name, version).config_dict())
+        elif action == "stats":
+            self._expect(request, _GET)
+            request.respond_json(200, self.server.statistics(name, version))
+        else:
+            request.respond_error(404, f"no route for {request.method.decode()} {request.path}")
+
+    # -- inference: the hot path ---------------------------------------------------------------
+    def infer(self, request: HttpRequest, name: str, version: str | None) -> None:
+        model = self.server.model(name, version)
+        header, binary = split_body(request.body, request.headers.get(_HEADER_LENGTH))
+        inputs = decode_inputs(header.get("inputs"), binary)
+        parameters = header.get("parameters")
+        binary_default = False
+        if parameters is not None:
+            if type(parameters) is not dict:
+                raise InvalidRequest("'parameters' must be an object")
+            binary_default = parameters.get("binary_data_output") is True
+        requested, binary_outputs = _requested_outputs(header.get("outputs"))
+        request_id = header.get("id")
+        if request_id is not None and type(request_id) is not str:
+            request_id = str(request_id)
+        context = _Context(request, model.name, model.version_str, binary_outputs, binary_default)
+        infer_request = InferRequest(
+            inputs, _complete, context, requested, request_id, parameters, request.received_ns
+        )
+        try:
+            model.submit(infer_request)
+        except InferdError:
+            model.fail_request(infer_request)
+            raise
+
+
+def _requested_outputs(entries: Any) -> tuple[list[str] | None, dict[str, bool] | None]:
+    if entries is None:
+        return None, None
+    if type(entries) is not list:
+        raise InvalidRequest("'outputs' must be a list")
+    names: list[str] = []
+    binary: dict[str, bool] = {}
+    for entry in entries:
+        if type(entry) is not dict or type(entry.get("name")) is not str:
+            raise InvalidRequest("each entry of 'outputs' needs a 'name' string")
+        name = entry["name"]
+        names.append(name)
+        params = entry.get("parameters")
+        if params:
+            if type(params) is not dict:
+                raise InvalidRequest(f"output '{name}': 'parameters' must be an object")
+            if params.get("classification"):
+                raise InvalidRequest(f"output '{name}': the classification extension is not supported")
+            if "binary_data" in params:
+                binary[name] = params["binary_data"] is True
+    return names or None, binary or None
+
+
+def _complete(request: InferRequest, outputs: Tensors | None, error: InferdError | None) -> None:
+    context: _Context = request.context
+    http = context.http
+    if error is not None:
+        http.respond_error(error.status, error.message)
+        return
+    assert outputs is not None
+    try:
+        header, parts = encode_response(
+            context.model_name, context.version, request.id, outputs, context.binary_outputs, context.binary_default
+        )
+    except Exception as exc:
+        log.exception("failed to encode the response of model '%s'", context.model_name)
+        http.respond_error(500, f"failed to encode the response: {exc}")
+        return
+    if parts:
+        parts.insert(0, header)
+        http.respond(200, parts, _OCTET, [(b"inference-header-content-length", b"%d" % len(header))])
+    else:
+        http.respond(200, header, _JSON)
+
+
+class _MethodNotAllowed(InferdError):
+    status = 405
