@@ -27,6 +27,7 @@ class ServeOptions:
 
 
 async def serve(options: ServeOptions, started: asyncio.Event | None = None) -> int:
+    sys.setswitchinterval(float(__import__("os").environ.get("INFERD_SWITCH", "0.005")))
     core = InferenceServer(options.repositories, strict_readiness=options.strict_readiness)
     http = HttpServer(KServeHttp(core), options.host, options.http_port, options.max_request_size)
     loop = asyncio.get_running_loop()

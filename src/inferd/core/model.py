@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from time import perf_counter_ns
 from typing import Any
@@ -128,6 +130,8 @@ class Model:
         self._required: frozenset[str] = frozenset()
         self._outputs: frozenset[str] = frozenset()
         self._needs_signature = False
+        self._post: Callable[..., Any] = _unstarted
+        self.loop_thread_id = 0
 
     # -- loading ---------------------------------------------------------------------------
     def load(self, config_found: bool) -> None:
@@ -172,6 +176,8 @@ class Model:
         self._needs_signature = any(s.wildcard or s.optional for s in self._inputs.values())
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._post = loop.call_soon_threadsafe
+        self.loop_thread_id = threading.get_ident()
         self.scheduler = Scheduler(
             f"{self.name}", batch_policy(self.config), self.instances, loop, self._deliver
         )
@@ -269,24 +275,50 @@ class Model:
         infer_ns: int,
         output_ns: int,
     ) -> None:
-        """Runs on the event loop: account for the batch, then answer each of its requests."""
-        stats = self.stats
-        now = perf_counter_ns()
-        self.inflight -= len(batch)
+        """On the instance thread: answer each request of the batch, then hand the bookkeeping
+        to the event loop in one call."""
         if results is not None:
-            stats.record_batch(sum(r.rows for r in batch), len(batch), queue_ns, input_ns, infer_ns, output_ns)
-            stats.success_count += len(batch)
             for request, outputs in zip(batch, results):
-                stats.success_ns += now - request.received_ns
                 wanted = request.requested_outputs
                 if wanted:
                     outputs = {name: outputs[name] for name in wanted}
-                request.done(request, outputs, None)
+                self._answer(request, outputs, None)
+        else:
+            for request in batch:
+                self._answer(request, None, error)
+        timings = (queue_ns, input_ns, infer_ns, output_ns, perf_counter_ns())
+        if self.loop_thread_id == threading.get_ident():
+            self._account(batch, results is not None, timings)
+        else:
+            self._post(self._account, batch, results is not None, timings)
+
+    def _answer(self, request: InferRequest, outputs: Tensors | None, error: InferdError | None) -> None:
+        try:
+            request.done(request, outputs, error)
+        except Exception:  # a front end's failure to answer one request must not stop the others
+            log.exception("failed to answer a request of model '%s'", self.name)
+
+    def _account(self, batch: list[InferRequest], ok: bool, timings: tuple[int, int, int, int, int]) -> None:
+        """On the event loop: statistics, then each request's ``finish`` hook."""
+        stats = self.stats
+        queue_ns, input_ns, infer_ns, output_ns, end = timings
+        self.inflight -= len(batch)
+        elapsed = 0
+        rows = 0
+        for request in batch:
+            elapsed += end - request.received_ns
+            rows += request.rows
+        if ok:
+            stats.record_batch(rows, len(batch), queue_ns, input_ns, infer_ns, output_ns)
+            stats.success_count += len(batch)
+            stats.success_ns += elapsed
         else:
             stats.fail_count += len(batch)
-            for request in batch:
-                stats.fail_ns += now - request.received_ns
-                request.done(request, None, error)
+            stats.fail_ns += elapsed
+        for request in batch:
+            finish = request.finish
+            if finish is not None:
+                finish(request)
 
     def fail_request(self, request: InferRequest) -> None:
         """Count a request refused before it was queued (bad input, full queue)."""
@@ -317,6 +349,10 @@ class Model:
 
     def config_dict(self) -> dict[str, Any]:
         return config_to_dict(self.config)
+
+
+def _unstarted(*args: Any) -> None:
+    raise RuntimeError("model not started")
 
 
 def _datatype(array: np.ndarray) -> str:

@@ -12,7 +12,9 @@ the scheduler's lock, which gives three things at once:
   was busy leaves as one batch.
 
 The only work on the event loop per request is an append under a lock (and a wake-up when an
-instance sleeps); results come back once per batch through ``call_soon_threadsafe``.
+instance sleeps). The instance hands its results to ``deliver`` on its own thread: front ends
+encode and send answers there, in parallel with the loop (the socket write releases the GIL), and
+only the bookkeeping goes back to the loop, once per batch.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from inferd.core.errors import InferdError, InternalError, Unavailable
+from inferd.core.errors import InferdError, InternalError, InvalidRequest, Unavailable
 from inferd.core.types import InferRequest, Tensors
 
 if TYPE_CHECKING:
@@ -35,7 +37,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("inferd.scheduler")
 
-#: (batch, per-request outputs or None, error or None, queue/input/infer/output ns)
+#: Called on the instance thread: (batch, per-request outputs or None, error or None,
+#: queue/input/infer/output ns).
 Delivery = Callable[[list[InferRequest], "list[Tensors] | None", "InferdError | None", int, int, int, int], None]
 
 
@@ -108,6 +111,10 @@ class Scheduler:
         self.queue: deque[InferRequest] = deque()
         self.delayed: deque[InferRequest] = deque()
         self.idle: list[Instance] = []
+        #: requests in batches that instances are running now
+        self.executing = 0
+        #: requests whose queue timeout passed, to be failed outside the lock
+        self.expired: list[InferRequest] = []
         self.running = True
         self._has_deadlines = policy.timeout_ns > 0 or policy.allow_timeout_override
 
@@ -120,7 +127,10 @@ class Scheduler:
         if self._has_deadlines:
             timeout = policy.timeout_ns
             if policy.allow_timeout_override and request.parameters and "timeout" in request.parameters:
-                timeout = int(request.parameters["timeout"]) * 1000
+                value = request.parameters["timeout"]
+                if type(value) is not int or value < 0:
+                    raise InvalidRequest(f"parameter 'timeout' must be a non-negative integer (microseconds), not {value!r}")
+                timeout = value * 1000
             if timeout > 0:
                 request.deadline_ns = now + timeout
         with self.lock:
@@ -167,6 +177,8 @@ class Scheduler:
         now = perf_counter_ns()
         if self._has_deadlines and (queue or self.delayed):
             self._expire(now)
+            if not queue and not self.delayed:
+                return None, 0
         if not queue:
             if self.delayed:
                 # Requests whose timeout passed under timeout_action DELAY run when nothing else waits.
@@ -189,7 +201,10 @@ class Scheduler:
             if rows == limit:
                 break
         full = rows == limit or count < len(queue)
-        if not full and policy.max_queue_delay_ns:
+        # The queue delay exists to let concurrent requests gather. When nothing else of this
+        # model is queued or running there is no one to wait for, and waiting would only add the
+        # delay to every request of a lone client (Triton waits regardless).
+        if not full and policy.max_queue_delay_ns and self.executing:
             if preferred_count:
                 count = preferred_count
             else:
@@ -206,7 +221,7 @@ class Scheduler:
         return batch, 0
 
     def _expire(self, now: int) -> None:
-        expired: list[InferRequest] = []
+        expired = self.expired
         keep: deque[InferRequest] = deque()
         for request in self.queue:
             if request.deadline_ns and request.deadline_ns <= now:
@@ -220,23 +235,31 @@ class Scheduler:
         if len(keep) != len(self.queue):
             self.queue.clear()
             self.queue.extend(keep)
-        if expired:
-            error = Unavailable(f"request timeout expired while queued for model '{self.model_name}'")
-            self.loop.call_soon_threadsafe(self.deliver, expired, None, error, 0, 0, 0, 0)
 
     def _work(self, instance: Instance) -> None:
         backend = instance.backend
         lock = self.lock
-        post = self.loop.call_soon_threadsafe
         deliver = self.deliver
         name = self.model_name
+        finished = 0
         while True:
             with lock:
+                self.executing -= finished
+                finished = 0
                 if not self.running:
                     return
                 batch, wait_ns = self._next_batch(instance)
                 if batch is None:
                     self.idle.append(instance)
+                else:
+                    self.executing += len(batch)
+                    finished = len(batch)
+                expired = self.expired
+                if expired:
+                    self.expired = []
+            if expired:
+                error = Unavailable(f"request timeout expired while queued for model '{name}'")
+                deliver(expired, None, error, 0, 0, 0, 0)
             if batch is None:
                 if wait_ns:
                     woken = instance.wake.acquire(timeout=wait_ns / 1e9)
@@ -263,13 +286,14 @@ class Scheduler:
                 ran = perf_counter_ns()
                 results = self._split(batch, outputs)
                 done = perf_counter_ns()
-                post(deliver, batch, results, None, queue_ns, computed - start, ran - computed, done - ran)
             except InferdError as exc:
-                post(deliver, batch, None, exc, queue_ns, 0, 0, 0)
+                deliver(batch, None, exc, queue_ns, 0, 0, 0)
+                continue
             except Exception as exc:  # a backend failure must never kill the instance thread
                 log.warning("model '%s' instance %s failed a batch: %s", name, instance.name, exc)
-                error = InternalError(f"model '{name}' failed to run: {exc}")
-                post(deliver, batch, None, error, queue_ns, 0, 0, 0)
+                deliver(batch, None, InternalError(f"model '{name}' failed to run: {exc}"), queue_ns, 0, 0, 0)
+                continue
+            deliver(batch, results, None, queue_ns, computed - start, ran - computed, done - ran)
 
     def _split(self, batch: list[InferRequest], outputs: Tensors) -> list[Tensors]:
         if len(batch) == 1:

@@ -10,8 +10,12 @@ import numpy as np
 from inferd.core.errors import InferdError
 
 Tensors = dict[str, np.ndarray]
-#: Called once per request on the event loop: (outputs, None) on success, (None, error) on failure.
+#: Called once per request, on the instance thread that ran it (or on the event loop for requests
+#: that never ran): (outputs, None) on success, (None, error) on failure. It must be thread-safe:
+#: encode and send the answer, touch no event-loop state.
 Completion = Callable[["InferRequest", "Tensors | None", "InferdError | None"], None]
+#: Called afterwards on the event loop, once the answer was given: the front end's bookkeeping.
+Finish = Callable[["InferRequest"], None]
 
 
 class InferRequest:
@@ -28,6 +32,7 @@ class InferRequest:
         "id",
         "parameters",
         "done",
+        "finish",
         "context",
         "rows",
         "signature",
@@ -46,9 +51,11 @@ class InferRequest:
         request_id: str | None = None,
         parameters: dict[str, Any] | None = None,
         received_ns: int = 0,
+        finish: Finish | None = None,
     ) -> None:
         self.inputs = inputs
         self.done = done
+        self.finish = finish
         self.context = context
         self.requested_outputs = requested_outputs
         self.id = request_id

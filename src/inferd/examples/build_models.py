@@ -272,16 +272,16 @@ def _digits_net():
     from torch import nn
 
     return nn.Sequential(
-        nn.Conv2d(1, 16, kernel_size=3),  # 28 -> 26
+        nn.Conv2d(1, 32, kernel_size=3),  # 28 -> 26
         nn.ReLU(),
         nn.MaxPool2d(2),  # -> 13
-        nn.Conv2d(16, 32, kernel_size=3),  # -> 11
+        nn.Conv2d(32, 64, kernel_size=3),  # -> 11
         nn.ReLU(),
         nn.MaxPool2d(2),  # -> 5
         nn.Flatten(),
-        nn.Linear(32 * 5 * 5, 64),
+        nn.Linear(64 * 5 * 5, 128),
         nn.ReLU(),
-        nn.Linear(64, 10),
+        nn.Linear(128, 10),
     ).to(torch.float32)
 
 

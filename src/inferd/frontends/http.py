@@ -5,12 +5,20 @@ stack and coroutine hops cost more than everything else the server does for a sm
 request is parsed by httptools (llhttp, in C), handed to one callback, and answered by one write.
 Keep-alive, pipelining (answers in order), request size limits, gzip/deflate request bodies and a
 graceful drain are handled here so no front end has to think about them.
+
+Answers can be sent from any thread (``respond_from_thread``): the instance that computed a batch
+writes its answers straight to the sockets, through a duplicate of each connection's file
+descriptor, while the event loop goes on parsing. The loop then only does the bookkeeping
+(``finish``). The send system call is most of what a small request costs the server, and it
+releases the GIL, so this takes it off the one thread that every request has to pass through.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import zlib
 from collections import deque
 from collections.abc import Callable
@@ -35,7 +43,19 @@ _PIPELINE_HIGH_WATER = 16
 class HttpRequest:
     """One parsed request. The handler answers it exactly once with ``respond``."""
 
-    __slots__ = ("method", "path", "query", "headers", "body", "received_ns", "keep_alive", "_conn", "answered")
+    __slots__ = (
+        "method",
+        "path",
+        "query",
+        "headers",
+        "body",
+        "received_ns",
+        "keep_alive",
+        "http10",
+        "_conn",
+        "answered",
+        "_unsent",
+    )
 
     def __init__(
         self,
@@ -46,6 +66,7 @@ class HttpRequest:
         headers: dict[bytes, bytes],
         body: bytes,
         keep_alive: bool,
+        http10: bool,
     ) -> None:
         self._conn = conn
         self.method = method
@@ -54,8 +75,10 @@ class HttpRequest:
         self.headers = headers
         self.body = body
         self.keep_alive = keep_alive
+        self.http10 = http10
         self.received_ns = perf_counter_ns()
         self.answered = False
+        self._unsent: bytes | memoryview | None = None
 
     def respond(
         self,
@@ -68,7 +91,46 @@ class HttpRequest:
         if self.answered:
             return
         self.answered = True
-        self._conn.send(self, status, body, content_type, headers)
+        conn = self._conn
+        data = conn.render(self, status, body, content_type, headers)
+        if conn.transport is not None and self is conn._current:
+            conn.transport.write(data)
+        conn.finished(self)
+
+    def respond_from_thread(
+        self,
+        status: int,
+        body: bytes | list[Any] = b"",
+        content_type: bytes = b"application/json",
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        """Like ``respond``, from any thread; ``finish`` must follow on the event loop."""
+        if self.answered:
+            return
+        self.answered = True
+        conn = self._conn
+        data = conn.render(self, status, body, content_type, headers)
+        direct = conn.direct
+        if direct is not None and conn.transport is not None and conn.transport.get_write_buffer_size() == 0:
+            try:
+                sent = direct.send(data, socket.MSG_NOSIGNAL)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                return  # the client is gone; finish() cleans up
+            if sent == len(data):
+                return
+            data = memoryview(data)[sent:]
+        self._unsent = data
+
+    def finish(self) -> None:
+        """On the event loop, after ``respond_from_thread``: write what the thread could not, and
+        let the connection go on to its next request."""
+        conn = self._conn
+        if self._unsent is not None and conn.transport is not None and self is conn._current:
+            conn.transport.write(self._unsent)
+        self._unsent = None
+        conn.finished(self)
 
     def respond_json(self, status: int, payload: Any) -> None:
         self.respond(status, orjson.dumps(payload))
@@ -99,6 +161,7 @@ class HttpConnection(asyncio.Protocol):
         "_pipeline",
         "_paused",
         "_closing",
+        "direct",
     )
 
     def __init__(self, server: HttpServer) -> None:
@@ -115,17 +178,30 @@ class HttpConnection(asyncio.Protocol):
         self._pipeline: deque[HttpRequest] = deque()
         self._paused = False
         self._closing = False
+        self.direct: socket.socket | None = None
 
     # -- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.peer = transport.get_extra_info("peername")
         self.server.connections.add(self)
+        sock = transport.get_extra_info("socket")
+        if self.server.direct_writes and sock is not None and transport.get_extra_info("sslcontext") is None:
+            # Our own descriptor for the same socket: stays valid until *we* close it, so a
+            # thread writing an answer can never hit a descriptor number the loop reused.
+            self.direct = socket.socket(fileno=os.dup(sock.fileno()))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
         self.transport = None
         self._pipeline.clear()
+        if self._current is None:
+            self._close_direct()
+
+    def _close_direct(self) -> None:
+        if self.direct is not None:
+            self.direct.close()
+            self.direct = None
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -174,7 +250,16 @@ class HttpConnection(asyncio.Protocol):
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         url = self._url.decode("latin-1")
         path, _, query = url.partition("?")
-        request = HttpRequest(self, parser.get_method(), path, query, self._headers, body, parser.should_keep_alive())
+        request = HttpRequest(
+            self,
+            parser.get_method(),
+            path,
+            query,
+            self._headers,
+            body,
+            parser.should_keep_alive(),
+            parser.get_http_version() == "1.0",
+        )
         if self._current is None:
             self._dispatch(request)
         else:
@@ -200,23 +285,21 @@ class HttpConnection(asyncio.Protocol):
             log.exception("unhandled error for %s %s", request.method.decode(), request.path)
             request.respond_error(500, f"internal server error: {exc!r}")
 
-    def send(
+    def render(
         self,
         request: HttpRequest,
         status: int,
         body: bytes | list[Any],
         content_type: bytes,
         headers: list[tuple[bytes, bytes]] | None,
-    ) -> None:
-        self.server.inflight -= 1
-        transport = self.transport
-        if transport is None or request is not self._current:
-            return  # the client went away; nothing to write to
+    ) -> bytes:
+        """The bytes of an answer (pure: safe from any thread)."""
         if isinstance(body, list):
             length = sum(len(part) for part in body)
         else:
             length = len(body)
         keep_alive = request.keep_alive and not self._closing and not self.server.closing
+        request.keep_alive = keep_alive
         head = [_STATUS_LINES.get(status) or f"HTTP/1.1 {status} Unknown\r\n".encode()]
         head.append(b"content-type: %s\r\ncontent-length: %d\r\n" % (content_type, length))
         if headers:
@@ -224,16 +307,26 @@ class HttpConnection(asyncio.Protocol):
                 head.append(b"%s: %s\r\n" % (name, value))
         if not keep_alive:
             head.append(b"connection: close\r\n")
-        elif self.parser.get_http_version() == "1.0":
+        elif request.http10:
             head.append(b"connection: keep-alive\r\n")
         head.append(b"\r\n")
         if isinstance(body, list):
-            transport.writelines(head + body)
+            head.extend(body)
         else:
             head.append(body)
-            transport.write(b"".join(head))
+        return b"".join(head)
+
+    def finished(self, request: HttpRequest) -> None:
+        """On the event loop, once an answer went out: close or go on to the next request."""
+        self.server.inflight -= 1
+        if request is not self._current:
+            return
         self._current = None
-        if not keep_alive:
+        transport = self.transport
+        if transport is None:
+            self._close_direct()
+            return
+        if not request.keep_alive or self.server.closing:
             transport.close()
             return
         if self._pipeline:
@@ -291,8 +384,16 @@ def _decompress(encoding: bytes, body: bytes, limit: int) -> bytes:
 class HttpServer:
     """Listens on one address and hands each parsed request to ``handler``."""
 
-    def __init__(self, handler: Handler, host: str, port: int, max_request_size: int = 64 * 1024 * 1024) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        host: str,
+        port: int,
+        max_request_size: int = 64 * 1024 * 1024,
+        direct_writes: bool = os.environ.get("INFERD_DIRECT", "1") == "1",
+    ) -> None:
         self.handler = handler
+        self.direct_writes = direct_writes
         self.host = host
         self.port = port
         self.max_request_size = max_request_size

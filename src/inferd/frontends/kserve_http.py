@@ -10,6 +10,8 @@ import logging
 from typing import Any
 from urllib.parse import unquote
 
+import orjson
+
 from inferd.core.errors import InferdError, InvalidRequest
 from inferd.core.server import InferenceServer
 from inferd.core.types import InferRequest, Tensors
@@ -125,7 +127,7 @@ class KServeHttp:
             request_id = str(request_id)
         context = _Context(request, model.name, model.version_str, binary_outputs, binary_default)
         infer_request = InferRequest(
-            inputs, _complete, context, requested, request_id, parameters, request.received_ns
+            inputs, _complete, context, requested, request_id, parameters, request.received_ns, _finish
         )
         try:
             model.submit(infer_request)
@@ -158,10 +160,11 @@ def _requested_outputs(entries: Any) -> tuple[list[str] | None, dict[str, bool] 
 
 
 def _complete(request: InferRequest, outputs: Tensors | None, error: InferdError | None) -> None:
+    """On the instance thread: encode the answer and send it."""
     context: _Context = request.context
     http = context.http
     if error is not None:
-        http.respond_error(error.status, error.message)
+        http.respond_from_thread(error.status, orjson.dumps({"error": error.message}))
         return
     assert outputs is not None
     try:
@@ -170,13 +173,18 @@ def _complete(request: InferRequest, outputs: Tensors | None, error: InferdError
         )
     except Exception as exc:
         log.exception("failed to encode the response of model '%s'", context.model_name)
-        http.respond_error(500, f"failed to encode the response: {exc}")
+        http.respond_from_thread(500, orjson.dumps({"error": f"failed to encode the response: {exc}"}))
         return
     if parts:
         parts.insert(0, header)
-        http.respond(200, parts, _OCTET, [(b"inference-header-content-length", b"%d" % len(header))])
+        http.respond_from_thread(200, parts, _OCTET, [(b"inference-header-content-length", b"%d" % len(header))])
     else:
-        http.respond(200, header, _JSON)
+        http.respond_from_thread(200, header, _JSON)
+
+
+def _finish(request: InferRequest) -> None:
+    """On the event loop, after ``_complete``."""
+    request.context.http.finish()
 
 
 class _MethodNotAllowed(InferdError):
