@@ -30,6 +30,9 @@ class Backend(Protocol):
     should release the GIL while the framework computes.
     """
 
+    #: True when the framework wants BYTES tensors as Python ``str`` (UTF-8 text).
+    bytes_as_text: bool
+
     def __init__(self, path: Path, config: ModelConfig, device: Device) -> None: ...
 
     def signature(self) -> tuple[list[TensorSpec], list[TensorSpec]]:

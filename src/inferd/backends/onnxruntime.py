@@ -34,11 +34,16 @@ def _int_parameter(config: ModelConfig, key: str) -> int | None:
 class OnnxRuntimeBackend:
     """One ``InferenceSession`` per instance.
 
+    ONNX string tensors hold text: BYTES inputs reach ``run`` already decoded to ``str``
+    (``bytes_as_text``), checked as UTF-8 when the request is validated.
+
     Threads: each instance gets its share of the cores (``device.threads``) for its intra-op pool,
     one inter-op thread, and no spinning: spinning workers would burn the core that the event loop
     needs to parse the next requests, and with several instances they would fight each other.
     Triton's ``intra_op_thread_count``/``inter_op_thread_count`` parameters override the share.
     """
+
+    bytes_as_text = True
 
     def __init__(self, path: Path, config: ModelConfig, device: Device) -> None:
         options = ort.SessionOptions()
@@ -70,17 +75,11 @@ class OnnxRuntimeBackend:
             self._session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
         except Exception as exc:  # onnxruntime raises its own exception types for bad files
             raise ModelLoadError(f"model '{config.name}': onnxruntime could not load {path}: {exc}") from exc
-        self._string_inputs = {i.name for i in self._session.get_inputs() if i.type == "tensor(string)"}
 
     def signature(self) -> tuple[list[TensorSpec], list[TensorSpec]]:
         return [_spec(arg) for arg in self._session.get_inputs()], [_spec(arg) for arg in self._session.get_outputs()]
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if self._string_inputs:
-            inputs = dict(inputs)
-            for name in self._string_inputs:
-                if name in inputs:
-                    inputs[name] = _to_str_array(inputs[name])
         outputs = self._session.run(None, inputs)
         return {arg.name: value for arg, value in zip(self._session.get_outputs(), outputs)}
 
@@ -94,12 +93,3 @@ def _spec(arg: ort.NodeArg) -> TensorSpec:
         raise ModelLoadError(f"tensor '{arg.name}' has type {arg.type}, which inferd does not serve")
     shape = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in (arg.shape or []))
     return TensorSpec(arg.name, datatype, shape)
-
-
-def _to_str_array(array: np.ndarray) -> np.ndarray:
-    # onnxruntime wants Python str elements for string tensors; BYTES arrive as bytes.
-    out = np.empty(array.shape, dtype=np.object_)
-    flat_out = out.reshape(-1)
-    for i, item in enumerate(array.reshape(-1)):
-        flat_out[i] = item.decode("utf-8", "surrogateescape") if isinstance(item, bytes) else item
-    return out

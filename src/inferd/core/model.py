@@ -99,10 +99,11 @@ def batch_policy(config: ModelConfig) -> BatchPolicy:
 
 
 class _InputSpec:
-    __slots__ = ("name", "dtype", "datatype", "dims", "wildcard", "optional")
+    __slots__ = ("name", "dtype", "datatype", "dims", "wildcard", "optional", "text")
 
-    def __init__(self, name: str, datatype: str, dims: tuple[int, ...], optional: bool) -> None:
+    def __init__(self, name: str, datatype: str, dims: tuple[int, ...], optional: bool, text: bool) -> None:
         self.name = name
+        self.text = text
         self.datatype = datatype
         self.dtype = V2_TO_NUMPY.get(datatype)
         self.dims = dims
@@ -130,6 +131,7 @@ class Model:
         self._required: frozenset[str] = frozenset()
         self._outputs: frozenset[str] = frozenset()
         self._needs_signature = False
+        self.bytes_as_text = False
         self._post: Callable[..., Any] = _unstarted
         self.loop_thread_id = 0
 
@@ -151,12 +153,14 @@ class Model:
             inputs, outputs = first.signature()
             complete_config(config, inputs, outputs, config_found)
             validate_config(config)
+            _complete_instance_groups(config, devices)
             devices = plan_devices(config)
             backends.extend(cls(model_file, config, device) for device in devices[1:])
         except BaseException:
             for backend in backends:
                 backend.close()
             raise
+        self.bytes_as_text = bool(getattr(cls, "bytes_as_text", False))
         self.instances = [
             Instance(f"{self.name}-{self.version}-{i}", backend, device)
             for i, (backend, device) in enumerate(zip(backends, devices))
@@ -170,7 +174,8 @@ class Model:
         for entry in config.input:
             datatype = CONFIG_TO_V2.get(pb.DataType.Name(entry.data_type), "INVALID")
             dims = tuple(entry.dims)
-            self._inputs[entry.name] = _InputSpec(entry.name, datatype, dims, entry.optional)
+            text = datatype == "BYTES" and self.bytes_as_text
+            self._inputs[entry.name] = _InputSpec(entry.name, datatype, dims, entry.optional, text)
         self._required = frozenset(n for n, s in self._inputs.items() if not s.optional)
         self._outputs = frozenset(entry.name for entry in config.output)
         self._needs_signature = any(s.wildcard or s.optional for s in self._inputs.values())
@@ -238,6 +243,8 @@ class Model:
                     d != -1 and d != s for d, s in zip(dims, shape)
                 ):
                     raise self._shape_error(spec, array.shape)
+            if spec.text:
+                inputs[name] = _as_text(name, array)
         if len(inputs) < len(self._required) or not self._required.issubset(inputs):
             missing = sorted(self._required.difference(inputs))
             raise InvalidRequest(
@@ -351,8 +358,39 @@ class Model:
         return config_to_dict(self.config)
 
 
+def _complete_instance_groups(config: ModelConfig, devices: list[Device]) -> None:
+    """Show what was actually placed, as Triton's config does: a default group when the config
+    had none, resolved KIND_AUTO, and a name for every group."""
+    if not config.instance_group:
+        group = config.instance_group.add()
+        group.count = 1
+        group.kind = pb.ModelInstanceGroup.KIND_GPU if devices[0].kind == "gpu" else pb.ModelInstanceGroup.KIND_CPU
+        if devices[0].kind == "gpu":
+            group.gpus.extend(sorted({d.index for d in devices}))
+    for index, group in enumerate(config.instance_group):
+        if group.count == 0:
+            group.count = 1
+        if group.kind == pb.ModelInstanceGroup.KIND_AUTO:
+            group.kind = pb.ModelInstanceGroup.KIND_GPU if any(d.kind == "gpu" for d in devices) else pb.ModelInstanceGroup.KIND_CPU
+        if not group.name:
+            group.name = f"{config.name}_{index}"
+
+
 def _unstarted(*args: Any) -> None:
     raise RuntimeError("model not started")
+
+
+def _as_text(name: str, array: np.ndarray) -> np.ndarray:
+    out = np.empty(array.shape, dtype=np.object_)
+    flat = out.reshape(-1)
+    try:
+        for i, item in enumerate(array.reshape(-1)):
+            flat[i] = item.decode() if isinstance(item, bytes) else item
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(
+            f"input '{name}' element {i} is not UTF-8 text, which this model's string tensors require: {exc}"
+        ) from None
+    return out
 
 
 def _datatype(array: np.ndarray) -> str:

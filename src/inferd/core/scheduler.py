@@ -113,6 +113,8 @@ class Scheduler:
         self.idle: list[Instance] = []
         #: requests in batches that instances are running now
         self.executing = 0
+        #: requests in the batch dispatched last: more than one means clients are concurrent
+        self.last_batch = 0
         #: requests whose queue timeout passed, to be failed outside the lock
         self.expired: list[InferRequest] = []
         self.running = True
@@ -202,9 +204,10 @@ class Scheduler:
                 break
         full = rows == limit or count < len(queue)
         # The queue delay exists to let concurrent requests gather. When nothing else of this
-        # model is queued or running there is no one to wait for, and waiting would only add the
-        # delay to every request of a lone client (Triton waits regardless).
-        if not full and policy.max_queue_delay_ns and self.executing:
+        # model is running and the last batch was a lone request, there is no sign of anyone to
+        # wait for, and waiting would only add the delay to every request of a single client
+        # (Triton waits regardless).
+        if not full and policy.max_queue_delay_ns and (self.executing or self.last_batch > 1):
             if preferred_count:
                 count = preferred_count
             else:
@@ -218,6 +221,7 @@ class Scheduler:
             queue.clear()
         else:
             batch = [queue.popleft() for _ in range(count)]
+        self.last_batch = count
         return batch, 0
 
     def _expire(self, now: int) -> None:

@@ -111,7 +111,8 @@ class HttpRequest:
         conn = self._conn
         data = conn.render(self, status, body, content_type, headers)
         direct = conn.direct
-        if direct is not None and conn.transport is not None and conn.transport.get_write_buffer_size() == 0:
+        # Only plain reads of flags the loop maintains: transport methods are not thread-safe.
+        if direct is not None and conn.direct_ok:
             try:
                 sent = direct.send(data, socket.MSG_NOSIGNAL)
             except BlockingIOError:
@@ -161,7 +162,9 @@ class HttpConnection(asyncio.Protocol):
         "_pipeline",
         "_paused",
         "_closing",
+        "_deferred_error",
         "direct",
+        "direct_ok",
     )
 
     def __init__(self, server: HttpServer) -> None:
@@ -178,7 +181,11 @@ class HttpConnection(asyncio.Protocol):
         self._pipeline: deque[HttpRequest] = deque()
         self._paused = False
         self._closing = False
+        self._deferred_error: tuple[int, str] | None = None
         self.direct: socket.socket | None = None
+        #: True while nothing of ours waits in the transport's buffer, so a thread may write
+        #: straight to the socket without overtaking it. Maintained on the event loop.
+        self.direct_ok = False
 
     # -- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -190,9 +197,11 @@ class HttpConnection(asyncio.Protocol):
             # Our own descriptor for the same socket: stays valid until *we* close it, so a
             # thread writing an answer can never hit a descriptor number the loop reused.
             self.direct = socket.socket(fileno=os.dup(sock.fileno()))
+            self.direct_ok = True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        self.direct_ok = False
         self.transport = None
         self._pipeline.clear()
         if self._current is None:
@@ -229,6 +238,13 @@ class HttpConnection(asyncio.Protocol):
         length = self._headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.server.max_request_size:
             self._too_large = True
+        elif (
+            self._headers.get(b"expect", b"").lower() == b"100-continue"
+            and self.transport is not None
+            and self._current is None  # never ahead of an answer still being written
+        ):
+            # curl asks before sending large bodies; without this it waits a second for nothing.
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
         if self._too_large:
@@ -326,9 +342,15 @@ class HttpConnection(asyncio.Protocol):
         if transport is None:
             self._close_direct()
             return
+        if self._deferred_error is not None:
+            status, message = self._deferred_error
+            self._deferred_error = None
+            self._fatal(status, message)
+            return
         if not request.keep_alive or self.server.closing:
             transport.close()
             return
+        self.direct_ok = self.direct is not None and transport.get_write_buffer_size() == 0
         if self._pipeline:
             nxt = self._pipeline.popleft()
             if self._paused and len(self._pipeline) < _PIPELINE_HIGH_WATER // 2:
@@ -351,9 +373,10 @@ class HttpConnection(asyncio.Protocol):
             )
             transport.close()
         else:
-            # Answer the one in progress first; then close.
+            # Answer the one in progress first, then this error, then close.
             self._pipeline.clear()
-            self.transport.pause_reading()  # type: ignore[union-attr]
+            self._deferred_error = (status, message)
+            transport.pause_reading()
 
     def close_if_idle(self) -> None:
         self._closing = True
