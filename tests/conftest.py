@@ -35,11 +35,16 @@ def free_port() -> int:
 class Server:
     """One ``inferd serve`` subprocess. Its output goes to a log file (no pipe to fill up)."""
 
-    def __init__(self, args: list[str], log_path: Path, port: int, cmd: list[str] | None = None) -> None:
+    def __init__(
+        self, args: list[str], log_path: Path, port: int, cmd: list[str] | None = None, grpc_port: int = 0
+    ) -> None:
         self.port = port
         self.host = HOST
         self.url = f"http://{HOST}:{port}"
         self.address = f"{HOST}:{port}"
+        #: KServe V2 gRPC (every test server gets a free port of its own, never the default 8001)
+        self.grpc_port = grpc_port
+        self.grpc_address = f"{HOST}:{grpc_port}"
         self.log_path = log_path
         self.cmd = cmd or [sys.executable, "-m", "inferd", "serve", *args]
         self._log_file = open(log_path, "wb")
@@ -147,13 +152,18 @@ def start_server(
     log_dir.mkdir(parents=True, exist_ok=True)
     for attempt in range(3):
         port = free_port()
-        args = ["--host", HOST, "--http-port", str(port)]
+        grpc_port = free_port()
+        for _ in range(5):
+            if grpc_port != port:
+                break
+            grpc_port = free_port()
+        args = ["--host", HOST, "--http-port", str(port), "--grpc-port", str(grpc_port)]
         for repo in repositories or []:
             args += ["--model-repository", str(repo)]
         args += extra or []
         log_path = log_dir / f"server-{port}.log"
         cmd = [*cmd_prefix, *args] if cmd_prefix else None
-        server = Server(args, log_path, port, cmd)
+        server = Server(args, log_path, port, cmd, grpc_port)
         deadline = time.monotonic() + START_TIMEOUT
         # A lost port race shows up as an early exit; everything else is a real failure.
         while time.monotonic() < deadline and server.proc.poll() is None:

@@ -29,6 +29,15 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default: 0.0.0.0, as Triton)")
     p.add_argument("--http-port", type=int, default=8000, help="KServe V2 REST port (default: 8000)")
     p.add_argument(
+        "--grpc-port", type=int, default=8001, help="KServe V2 gRPC port (default: 8001, as Triton)"
+    )
+    p.add_argument(
+        "--allow-grpc",
+        default=True,
+        action=argparse.BooleanOptionalAction,
+        help="serve KServe V2 gRPC (Triton's GRPCInferenceService) next to REST (default: on, as Triton)",
+    )
+    p.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity"
     )
     p.add_argument(
@@ -74,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             repositories=repositories,
             host=args.host,
             http_port=args.http_port,
+            grpc_port=args.grpc_port,
+            allow_grpc=args.allow_grpc,
             strict_readiness=args.strict_readiness,
             max_request_size=args.max_request_size,
             drain_timeout=args.drain_timeout,

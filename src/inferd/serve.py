@@ -8,6 +8,7 @@ import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from inferd.core.server import InferenceServer
 from inferd.frontends.http import HttpServer
@@ -21,13 +22,15 @@ class ServeOptions:
     repositories: list[Path] = field(default_factory=list)
     host: str = "0.0.0.0"
     http_port: int = 8000
+    #: KServe V2 gRPC (Triton's GRPCInferenceService); off with allow_grpc=False
+    grpc_port: int = 8001
+    allow_grpc: bool = True
     strict_readiness: bool = True
     max_request_size: int = 64 * 1024 * 1024
     drain_timeout: float = 30.0
 
 
 async def serve(options: ServeOptions, started: asyncio.Event | None = None) -> int:
-    sys.setswitchinterval(float(__import__("os").environ.get("INFERD_SWITCH", "0.005")))
     core = InferenceServer(options.repositories, strict_readiness=options.strict_readiness)
     http = HttpServer(KServeHttp(core), options.host, options.http_port, options.max_request_size)
     loop = asyncio.get_running_loop()
@@ -38,7 +41,24 @@ async def serve(options: ServeOptions, started: asyncio.Event | None = None) -> 
         except (NotImplementedError, RuntimeError):
             pass
     # Listen first so liveness answers while models load; readiness waits for them.
-    await http.start()
+    # gRPC before HTTP: once HTTP answers, both accept.
+    grpc_server: Any = None
+    if options.allow_grpc:
+        from inferd.frontends.kserve_grpc import KServeGrpc  # grpc is imported only when served
+
+        grpc_server = KServeGrpc(core, options.host, options.grpc_port, options.max_request_size)
+        try:
+            await grpc_server.start()
+        except OSError as exc:
+            log.error("%s", exc)
+            return 1
+        log.info("KServe V2 gRPC listening on %s", grpc_server.address)
+    try:
+        await http.start()
+    except BaseException:
+        if grpc_server is not None:
+            await grpc_server.drain(0)
+        raise
     log.info("KServe V2 HTTP listening on %s:%d", options.host, http.port)
     await core.start()
     for row in core.index():
@@ -49,7 +69,10 @@ async def serve(options: ServeOptions, started: asyncio.Event | None = None) -> 
     await stop.wait()
     log.info("shutting down: draining in-flight requests (up to %.0fs)", options.drain_timeout)
     core.accepting = False
-    drained = await http.drain(options.drain_timeout)
+    drains = [http.drain(options.drain_timeout)]
+    if grpc_server is not None:
+        drains.append(grpc_server.drain(options.drain_timeout))
+    drained = all(await asyncio.gather(*drains))
     core.stop()
     log.info("stopped%s", "" if drained else " (some requests were still running)")
     return 0
