@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -117,6 +118,11 @@ class Scheduler:
         self.last_batch = 0
         #: requests whose queue timeout passed, to be failed outside the lock
         self.expired: list[InferRequest] = []
+        #: computed batches whose answers the responder thread sends
+        self.replies: queue.SimpleQueue[tuple[list[InferRequest], list[Tensors], tuple[int, int, int, int]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._responder: threading.Thread | None = None
         self.running = True
         self._has_deadlines = policy.timeout_ns > 0 or policy.allow_timeout_override
 
@@ -148,6 +154,8 @@ class Scheduler:
                 self.idle.pop().wake.release()
 
     def start(self) -> None:
+        self._responder = threading.Thread(target=self._respond, name=f"inferd-{self.model_name}-reply", daemon=True)
+        self._responder.start()
         for instance in self.instances:
             instance.thread = threading.Thread(
                 target=self._work, args=(instance,), name=f"inferd-{instance.name}", daemon=True
@@ -166,6 +174,9 @@ class Scheduler:
         for instance in self.instances:
             if instance.thread is not None:
                 instance.thread.join(timeout=60)
+        if self._responder is not None:
+            self.replies.put(None)
+            self._responder.join(timeout=60)
         return left
 
     def queue_size(self) -> int:
@@ -297,7 +308,23 @@ class Scheduler:
                 log.warning("model '%s' instance %s failed a batch: %s", name, instance.name, exc)
                 deliver(batch, None, InternalError(f"model '{name}' failed to run: {exc}"), queue_ns, 0, 0, 0)
                 continue
-            deliver(batch, results, None, queue_ns, computed - start, ran - computed, done - ran)
+            timings = (queue_ns, computed - start, ran - computed, done - ran)
+            if self.queue:
+                # More work is waiting: leave the answers to the responder thread and go straight
+                # back to the model, so computing the next batch overlaps with sending this one.
+                # With nothing queued, answering here is quicker than a hand-off.
+                self.replies.put((batch, results, timings))
+            else:
+                deliver(batch, results, None, *timings)
+
+    def _respond(self) -> None:
+        deliver = self.deliver
+        while True:
+            item = self.replies.get()
+            if item is None:
+                return
+            batch, results, timings = item
+            deliver(batch, results, None, *timings)
 
     def _split(self, batch: list[InferRequest], outputs: Tensors) -> list[Tensors]:
         if len(batch) == 1:

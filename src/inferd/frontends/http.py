@@ -311,7 +311,9 @@ class HttpConnection(asyncio.Protocol):
     ) -> bytes:
         """The bytes of an answer (pure: safe from any thread)."""
         if isinstance(body, list):
-            length = sum(len(part) for part in body)
+            length = 0
+            for part in body:
+                length += len(part)
         else:
             length = len(body)
         keep_alive = request.keep_alive and not self._closing and not self.server.closing
@@ -413,7 +415,7 @@ class HttpServer:
         host: str,
         port: int,
         max_request_size: int = 64 * 1024 * 1024,
-        direct_writes: bool = os.environ.get("INFERD_DIRECT", "1") == "1",
+        direct_writes: bool = True,
     ) -> None:
         self.handler = handler
         self.direct_writes = direct_writes

@@ -59,8 +59,11 @@ def decode_inputs(entries: Any, binary: memoryview | None) -> Tensors:
         datatype = entry.get("datatype")
         if type(name) is not str:
             raise InvalidRequest("each input needs a 'name' string")
-        if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
+        if type(shape) is not list:
             raise InvalidRequest(f"input '{name}' needs a 'shape' list of non-negative integers")
+        for d in shape:
+            if type(d) is not int or d < 0:
+                raise InvalidRequest(f"input '{name}' needs a 'shape' list of non-negative integers")
         dtype = V2_TO_NUMPY.get(datatype)  # type: ignore[arg-type]
         if dtype is None:
             raise InvalidRequest(

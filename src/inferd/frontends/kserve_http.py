@@ -51,6 +51,16 @@ class KServeHttp:
     def __call__(self, request: HttpRequest) -> None:
         path = request.path
         try:
+            if path.endswith("/infer") and request.method == _POST:
+                # The hot path, routed without the general parsing below.
+                parts = path.split("/")
+                if len(parts) == 5 and parts[1] == "v2" and parts[2] == "models" and "%" not in parts[3]:
+                    self.infer(request, parts[3], None)
+                    return
+                if len(parts) == 7 and parts[1] == "v2" and parts[2] == "models" and parts[4] == "versions":
+                    if "%" not in parts[3]:
+                        self.infer(request, parts[3], parts[5])
+                        return
             if path.startswith("/v2/models/"):
                 self._model_route(request, path[11:])
             elif path == "/v2/health/live":
