@@ -378,19 +378,3 @@ def build_lifecycle_repository(repo: Path) -> Path:
         'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4, 4 ] } ]\n',
     )
     return repo
-
-
-def fixed_batch_digits(source: Path, target: Path) -> bytes:
-    """The bundled digits model with its batch dimension fixed to 1 (input and output)."""
-    model = onnx.load(str(source))
-    for value in list(model.graph.input) + list(model.graph.output):
-        dim = value.type.tensor_type.shape.dim[0]
-        dim.ClearField("dim_param")
-        dim.dim_value = 1
-    # Intermediate shapes recorded for the dynamic batch would contradict the fixed one.
-    del model.graph.value_info[:]
-    onnx.checker.check_model(model)
-    data = model.SerializeToString()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(data)
-    return data

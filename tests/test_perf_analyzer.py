@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from conftest import BUNDLED_REPOSITORY, ROOT, quiet_stats, start_server, stats_of
-from models import fixed_batch_digits
+from inferd.examples.build_models import write_seed_repository
 
 #: Generous bounds: a run is a few seconds; these only stop a hung run.
 INSTALL_TIMEOUT = 600
@@ -19,11 +19,6 @@ RUN_TIMEOUT = 180
 #: steady it is.
 SHORT_RUN = ["--measurement-interval", "1000", "--max-trials", "6", "--stability-percentage", "500"]
 
-SEED_CONFIG = """name: "onnx-mnist-cpu"
-platform: "onnxruntime_onnx"
-instance_group [ { count: 5 kind: KIND_CPU } ]
-dynamic_batching: { max_queue_delay_microseconds: 150 }
-"""
 
 
 @pytest.fixture(scope="session")
@@ -80,9 +75,7 @@ def test_perf_analyzer_digits(perf_analyzer, bundled_server):
 @pytest.fixture(scope="module")
 def seed_repository(tmp_path_factory):
     repo = tmp_path_factory.mktemp("seed") / "models"
-    model_dir = repo / "onnx-mnist-cpu"
-    fixed_batch_digits(BUNDLED_REPOSITORY / "digits" / "1" / "model.onnx", model_dir / "1" / "model.onnx")
-    (model_dir / "config.pbtxt").write_text(SEED_CONFIG)
+    write_seed_repository(repo, BUNDLED_REPOSITORY / "digits" / "1" / "model.onnx")
     return repo
 
 

@@ -489,6 +489,37 @@ def build_mixed(repo: Path, verbose: bool = True) -> Path:
 BUILDERS = {"digits": build_digits, "simple": build_simple, "mixed": build_mixed}
 
 
+# --------------------------------------------------------------------------- the seed's repository
+
+#: The config of the Triton user's MNIST journey (seed 004), verbatim: no inputs or outputs (they
+#: come from the model), five CPU instances, a 150 us queue delay.
+SEED_CONFIG = """name: "onnx-mnist-cpu"
+platform: "onnxruntime_onnx"
+instance_group [ { count: 5 kind: KIND_CPU } ]
+dynamic_batching: { max_queue_delay_microseconds: 150 }
+"""
+
+
+def write_seed_repository(repo: Path, source: Path | None = None) -> Path:
+    """Write ``<repo>/onnx-mnist-cpu``: the digits model with its batch dimension fixed to 1
+    (input ``input.1`` [1,1,28,28], as the seed's exported model has) and the seed's config."""
+    import onnx
+
+    model = onnx.load(str(source or DEFAULT_REPOSITORY / "digits" / "1" / "model.onnx"))
+    for value in list(model.graph.input) + list(model.graph.output):
+        dim = value.type.tensor_type.shape.dim[0]
+        dim.ClearField("dim_param")
+        dim.dim_value = 1
+    # Intermediate shapes recorded for the dynamic batch would contradict the fixed one.
+    del model.graph.value_info[:]
+    onnx.checker.check_model(model)
+    model_dir = repo / "onnx-mnist-cpu"
+    (model_dir / "1").mkdir(parents=True, exist_ok=True)
+    (model_dir / "1" / "model.onnx").write_bytes(model.SerializeToString())
+    (model_dir / "config.pbtxt").write_text(SEED_CONFIG)
+    return model_dir
+
+
 def build_all(repo: Path = DEFAULT_REPOSITORY, only: list[str] | None = None, verbose: bool = True) -> dict[str, Path]:
     repo = Path(repo)
     repo.mkdir(parents=True, exist_ok=True)
