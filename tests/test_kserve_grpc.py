@@ -806,9 +806,8 @@ def test_stream_many_in_flight(models_grpc):
 # --------------------------------------------------------------------------- not implemented
 
 
+# (load_model / unload_model: see tests/test_model_control.py)
 UNIMPLEMENTED = {
-    "load_model": lambda c: c.load_model("simple"),
-    "unload_model": lambda c: c.unload_model("simple"),
     "system_shm_status": lambda c: c.get_system_shared_memory_status(),
     "system_shm_register": lambda c: c.register_system_shared_memory("region", "/key", 64),
     "system_shm_unregister": lambda c: c.unregister_system_shared_memory("region"),

@@ -56,6 +56,40 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="on SIGTERM/Ctrl-C, how long in-flight requests may take to finish",
     )
+    _control_parser(p)
+
+
+def _poll_secs(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be a positive number of seconds")
+    return value
+
+
+def _control_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model-control-mode",
+        default="none",
+        choices=["none", "poll", "explicit"],
+        help="none: load every model at start (default); poll: also rescan the repositories and "
+        "load/reload/unload what changed; explicit: load only --load-model models, then what "
+        "the repository API (load/unload) asks for (as Triton)",
+    )
+    p.add_argument(
+        "--load-model",
+        dest="load_models",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="explicit mode: a model to load at start; repeatable; '*' loads every model",
+    )
+    p.add_argument(
+        "--repository-poll-secs",
+        type=_poll_secs,
+        default=15.0,
+        metavar="SECONDS",
+        help="poll mode: seconds between repository scans (default: 15, as Triton; fractions allowed)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
             strict_readiness=args.strict_readiness,
             max_request_size=args.max_request_size,
             drain_timeout=args.drain_timeout,
+            model_control_mode=args.model_control_mode,
+            load_models=args.load_models,
+            repository_poll_secs=args.repository_poll_secs,
         )
         return run(options)
     build_parser().print_help()

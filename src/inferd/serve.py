@@ -28,10 +28,23 @@ class ServeOptions:
     strict_readiness: bool = True
     max_request_size: int = 64 * 1024 * 1024
     drain_timeout: float = 30.0
+    #: Triton's --model-control-mode: none, poll or explicit
+    model_control_mode: str = "none"
+    #: explicit mode: the models to load at start ("*": all)
+    load_models: list[str] = field(default_factory=list)
+    #: poll mode: seconds between repository scans
+    repository_poll_secs: float = 15.0
 
 
 async def serve(options: ServeOptions, started: asyncio.Event | None = None) -> int:
-    core = InferenceServer(options.repositories, strict_readiness=options.strict_readiness)
+    core = InferenceServer(
+        options.repositories,
+        strict_readiness=options.strict_readiness,
+        control_mode=options.model_control_mode,
+        load_models=options.load_models,
+        poll_secs=options.repository_poll_secs,
+        drain_timeout=options.drain_timeout,
+    )
     http = HttpServer(KServeHttp(core), options.host, options.http_port, options.max_request_size)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -63,6 +76,7 @@ async def serve(options: ServeOptions, started: asyncio.Event | None = None) -> 
     await core.start()
     for row in core.index():
         log.info("model %-24s %-8s %s", row["name"] + (":" + row["version"] if "version" in row else ""), row["state"], row["reason"])
+    log.info("model control mode: %s", options.model_control_mode)
     log.info("server %s", "ready" if core.ready else "started, NOT ready (a model failed to load)")
     if started is not None:
         started.set()

@@ -184,7 +184,7 @@ class Model:
         self._post = loop.call_soon_threadsafe
         self.loop_thread_id = threading.get_ident()
         self.scheduler = Scheduler(
-            f"{self.name}", batch_policy(self.config), self.instances, loop, self._deliver
+            self.name, batch_policy(self.config), self.instances, loop, self._deliver
         )
         self.scheduler.start()
         self.state = "READY"

@@ -17,7 +17,8 @@ Message size: a request may be up to the server's ``--max-request-size`` (the sa
 body; a larger one is refused with RESOURCE_EXHAUSTED by gRPC itself). Responses are not limited
 (up to gRPC's 2 GiB), as Triton does, so a model may answer with more than it was sent.
 
-Not implemented (UNIMPLEMENTED with a message saying so): repository load/unload, shared memory
+Repository load/unload follow --model-control-mode (refused unless explicit, as Triton).
+Not implemented (UNIMPLEMENTED with a message saying so): shared memory
 (system and CUDA), trace and log settings.
 """
 
@@ -408,13 +409,38 @@ class KServeGrpcServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     def _repository_index(self, request: pb.RepositoryIndexRequest) -> pb.RepositoryIndexResponse:
         response = pb.RepositoryIndexResponse()
-        for row in self.server.index():
-            if request.ready and row["state"] != "READY":
-                continue
+        for row in self.server.index(ready_only=request.ready):
             response.models.add(
                 name=row["name"], version=row.get("version", ""), state=row["state"], reason=row.get("reason", "")
             )
         return response
+
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: Any
+    ) -> pb.RepositoryModelLoadResponse:
+        parameters: dict[str, Any] = {}
+        for key, param in request.parameters.items():
+            which = param.WhichOneof("parameter_choice")
+            parameters[key] = getattr(param, which) if which else None
+        return await self._control(context, self.server.load_model(request.model_name, parameters),
+                                   pb.RepositoryModelLoadResponse())
+
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Any
+    ) -> pb.RepositoryModelUnloadResponse:
+        return await self._control(context, self.server.unload_model(request.model_name),
+                                   pb.RepositoryModelUnloadResponse())
+
+    async def _control(self, context: Any, work: Any, response: Any) -> Any:
+        try:
+            await work
+            return response
+        except InferdError as exc:
+            code, message = status_code(exc), exc.message
+        except Exception as exc:
+            log.exception("gRPC repository control failed")
+            code, message = grpc.StatusCode.INTERNAL, f"internal error: {exc!r}"
+        await context.abort(code, message)
 
     async def _answer(self, context: Any, method: Any, request: Any) -> Any:
         try:
@@ -523,12 +549,6 @@ class KServeGrpcServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     # -- not implemented -------------------------------------------------------------------
     async def _unimplemented(self, context: Any, what: str) -> None:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not supported by inferd")
-
-    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
-        await self._unimplemented(context, "loading models through the repository API (explicit model control)")
-
-    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
-        await self._unimplemented(context, "unloading models through the repository API (explicit model control)")
 
     async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
         await self._unimplemented(context, "system shared memory")

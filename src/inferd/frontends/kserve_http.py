@@ -1,11 +1,13 @@
 """KServe V2 (Open Inference Protocol) over REST, with Triton's extensions.
 
 Routes: ``/v2``, ``/v2/health/{live,ready}``, ``/v2/models/{m}[/versions/{v}]`` with ``/ready``,
-``/infer``, ``/config`` and ``/stats``, ``/v2/models/stats`` and ``/v2/repository/index``.
+``/infer``, ``/config`` and ``/stats``, ``/v2/models/stats``, ``/v2/repository/index`` and
+``/v2/repository/models/{m}/load`` / ``/unload`` (model control).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 from urllib.parse import unquote
@@ -47,6 +49,7 @@ class KServeHttp:
 
     def __init__(self, server: InferenceServer) -> None:
         self.server = server
+        self._control_tasks: set[asyncio.Task] = set()
 
     def __call__(self, request: HttpRequest) -> None:
         path = request.path
@@ -76,7 +79,10 @@ class KServeHttp:
                 request.respond_error(404, "use /v2/repository/index to list models")
             elif path == "/v2/repository/index":
                 self._expect(request, _POST)
-                request.respond_json(200, self.server.index())
+                body = _json_body(request)
+                request.respond_json(200, self.server.index(ready_only=body.get("ready") is True))
+            elif path.startswith("/v2/repository/models/"):
+                self._control_route(request, path[22:])
             else:
                 request.respond_error(404, f"no route for {request.method.decode()} {path}")
         except InferdError as exc:
@@ -86,6 +92,26 @@ class KServeHttp:
     def _expect(request: HttpRequest, method: bytes) -> None:
         if request.method != method:
             raise _MethodNotAllowed(f"{request.method.decode()} is not allowed on {request.path}; use {method.decode()}")
+
+    def _control_route(self, request: HttpRequest, rest: str) -> None:
+        """POST /v2/repository/models/{m}/load and /unload: answered when the work is done."""
+        name, _, action = rest.rpartition("/")
+        name = unquote(name)
+        if not name or "/" in name or action not in ("load", "unload"):
+            request.respond_error(404, f"no route for {request.method.decode()} {request.path}")
+            return
+        self._expect(request, _POST)
+        body = _json_body(request)
+        parameters = body.get("parameters") or {}
+        if type(parameters) is not dict:
+            raise InvalidRequest("'parameters' must be an object")
+        if action == "load":
+            work = self.server.load_model(name, parameters)
+        else:
+            work = self.server.unload_model(name)
+        task = asyncio.get_running_loop().create_task(_control(request, work))
+        self._control_tasks.add(task)
+        task.add_done_callback(self._control_tasks.discard)
 
     def _model_route(self, request: HttpRequest, rest: str) -> None:
         parts = rest.split("/")
@@ -144,6 +170,30 @@ class KServeHttp:
         except InferdError:
             model.fail_request(infer_request)
             raise
+
+
+def _json_body(request: HttpRequest) -> dict[str, Any]:
+    if not request.body or not request.body.strip():
+        return {}
+    try:
+        body = orjson.loads(request.body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"malformed JSON request body: {exc}") from None
+    if type(body) is not dict:
+        raise InvalidRequest("the request body must be a JSON object")
+    return body
+
+
+async def _control(request: HttpRequest, work: Any) -> None:
+    try:
+        await work
+    except InferdError as exc:
+        request.respond_error(exc.status, exc.message)
+    except Exception as exc:
+        log.exception("%s failed", request.path)
+        request.respond_error(500, f"internal server error: {exc!r}")
+    else:
+        request.respond(200, b"")
 
 
 def _requested_outputs(entries: Any) -> tuple[list[str] | None, dict[str, bool] | None]:

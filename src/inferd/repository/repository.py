@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,3 +41,33 @@ def scan(repositories: list[Path]) -> tuple[dict[str, ModelSource], dict[str, st
             versions = tuple(sorted(int(v.name) for v in entry.iterdir() if v.is_dir() and v.name.isdigit()))
             found[name] = ModelSource(name, entry, versions)
     return found, problems
+
+
+def read_source(name: str, path: Path) -> ModelSource:
+    """The model folder as it is now (its version folders re-read)."""
+    versions = tuple(sorted(int(v.name) for v in path.iterdir() if v.is_dir() and v.name.isdigit()))
+    return ModelSource(name, path, versions)
+
+
+def fingerprint(path: Path) -> tuple:
+    """What a poll compares to decide that a model changed: every file's path, size and mtime,
+    and the contents of config.pbtxt (a rewrite within one mtime tick still counts)."""
+    entries: list[tuple] = []
+    try:
+        for root, dirs, files in os.walk(path):
+            dirs.sort()
+            rel = os.path.relpath(root, path)
+            entries.append((rel, "dir"))
+            for name in sorted(files):
+                full = os.path.join(root, name)
+                try:
+                    st = os.stat(full)
+                except OSError:
+                    continue
+                entries.append((os.path.join(rel, name), st.st_size, st.st_mtime_ns))
+        config = path / "config.pbtxt"
+        if config.is_file():
+            entries.append(("config.pbtxt contents", hashlib.sha1(config.read_bytes()).hexdigest()))
+    except OSError:
+        pass
+    return tuple(entries)
