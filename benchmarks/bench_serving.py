@@ -39,9 +39,10 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -173,10 +174,20 @@ TARGETS: dict[str, Target] = {
         Target(
             "inferd",
             (
-                "{python}", "-m", "inferd", "serve",
-                "--host", "{host}", "--http-port", "{http_port}",
-                "--model-repository", "{repo}",
-                "--log-level", "warning", "--drain-timeout", "5",
+                "{python}",
+                "-m",
+                "inferd",
+                "serve",
+                "--host",
+                "{host}",
+                "--http-port",
+                "{http_port}",
+                "--model-repository",
+                "{repo}",
+                "--log-level",
+                "warning",
+                "--drain-timeout",
+                "5",
             ),
             # Servers that also speak gRPC get a free port instead of a fixed default (8001).
             if_supported=(("--grpc-port", ("--grpc-port", "{grpc_port}")),),
@@ -186,10 +197,15 @@ TARGETS: dict[str, Target] = {
         Target(
             "tritonserver",
             (
-                "tritonserver", "--model-repository={repo}",
-                "--http-address={host}", "--http-port={http_port}",
-                "--allow-grpc=false", "--allow-metrics=false",
-                "--log-warning=true", "--log-info=false", "--exit-timeout-secs=5",
+                "tritonserver",
+                "--model-repository={repo}",
+                "--http-address={host}",
+                "--http-port={http_port}",
+                "--allow-grpc=false",
+                "--allow-metrics=false",
+                "--log-warning=true",
+                "--log-info=false",
+                "--exit-timeout-secs=5",
             ),
             requires="tritonserver",
         ),
@@ -387,16 +403,30 @@ def run_perf_analyzer(
     for stability in attempts:
         csv_path.unlink(missing_ok=True)
         cmd = [
-            pa, "-m", spec.name, "-u", f"{HOST}:{port}", "-i", "http",
-            "--concurrency-range", str(concurrency),
-            "--shape", f"{spec.input}:{shape}",
-            "--input-data", "random",
+            pa,
+            "-m",
+            spec.name,
+            "-u",
+            f"{HOST}:{port}",
+            "-i",
+            "http",
+            "--concurrency-range",
+            str(concurrency),
+            "--shape",
+            f"{spec.input}:{shape}",
+            "--input-data",
+            "random",
             # binary is perf_analyzer's default for HTTP; said explicitly so it never changes under us
-            "--input-tensor-format=binary", "--output-tensor-format=binary",
-            "--measurement-interval", str(interval_ms),
-            "--max-trials", str(s.max_trials),
-            "--stability-percentage", str(stability),
-            "-f", str(csv_path),
+            "--input-tensor-format=binary",
+            "--output-tensor-format=binary",
+            "--measurement-interval",
+            str(interval_ms),
+            "--max-trials",
+            str(s.max_trials),
+            "--stability-percentage",
+            str(stability),
+            "-f",
+            str(csv_path),
         ]
         # Bound: every trial's window, the wait for in-flight requests (a few latencies), start-up.
         timeout = s.max_trials * interval_ms / 1000 * 2 + 60
@@ -432,9 +462,9 @@ def run_perf_analyzer(
         result["error"] = _last_lines(out, 3)
         if rc is None or "stable" not in out:
             break  # a timeout or a real failure: a looser stability bound would not help
-    warnings = list(dict.fromkeys(
-        ln.strip() for ln in "\n".join(logs).splitlines() if re.search(r"warning|error|fail", ln, re.I)
-    ))
+    warnings = list(
+        dict.fromkeys(ln.strip() for ln in "\n".join(logs).splitlines() if re.search(r"warning|error|fail", ln, re.I))
+    )
     if warnings:
         result["perf_analyzer_messages"] = warnings[:10]
     log_path.write_text("\n".join(logs))
@@ -455,8 +485,13 @@ def parse_csv_row(row: dict[str, str]) -> dict[str, Any]:
     out["breakdown_us"] = {
         k: us(k)
         for k in (
-            "Client Send", "Network+Server Send/Recv", "Server Queue", "Server Compute Input",
-            "Server Compute Infer", "Server Compute Output", "Client Recv",
+            "Client Send",
+            "Network+Server Send/Recv",
+            "Server Queue",
+            "Server Compute Input",
+            "Server Compute Infer",
+            "Server Compute Output",
+            "Client Recv",
         )
         if us(k) is not None
     }
@@ -529,8 +564,12 @@ class Server:
     def start(self, model: str, timeout: float) -> None:
         self.port = free_port()
         values = {
-            "python": sys.executable, "host": HOST, "http_port": self.port, "repo": str(self.repo),
-            "grpc_port": free_port(), "metrics_port": free_port(),
+            "python": sys.executable,
+            "host": HOST,
+            "http_port": self.port,
+            "repo": str(self.repo),
+            "grpc_port": free_port(),
+            "metrics_port": free_port(),
         }
         self.command = self.target.full_command(values) + self.extra_args
         self.log_file = self.log_path.open("w")
@@ -646,8 +685,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--variants", default=None, help="comma-separated: %s (default: all of --models)" % ",".join(VARIANTS)
     )
     p.add_argument(
-        "--concurrency", default=None, help=f"comma-separated perf_analyzer concurrencies (default: 1,4,8,16,64; "
-        f"--quick: {QUICK_CONCURRENCY})"
+        "--concurrency",
+        default=None,
+        help=f"comma-separated perf_analyzer concurrencies (default: 1,4,8,16,64; --quick: {QUICK_CONCURRENCY})",
     )
     p.add_argument(
         "--targets",
@@ -667,7 +707,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--perf-analyzer", default=None, metavar="PATH", help="perf_analyzer to use (default: found or installed)"
     )
     p.add_argument(
-        "--measurement-interval", type=int, default=None, metavar="MS",
+        "--measurement-interval",
+        type=int,
+        default=None,
+        metavar="MS",
         help="perf_analyzer window for every model (default: digits 2000, resnet18 4000; --quick: 250, 750)",
     )
     p.add_argument("--max-trials", type=int, default=None, help="perf_analyzer windows before giving up on stability")
@@ -741,8 +784,10 @@ def main(argv: list[str] | None = None) -> int:
     def save() -> None:
         json_path.write_text(json.dumps(report, indent=2) + "\n")
 
-    print(f"machine: {report['machine']['cpu_count']} cpus, onnxruntime {report['machine']['onnxruntime']}, "
-          f"inferd {report['machine']['inferd']}, {report['machine']['perf_analyzer']}")
+    print(
+        f"machine: {report['machine']['cpu_count']} cpus, onnxruntime {report['machine']['onnxruntime']}, "
+        f"inferd {report['machine']['inferd']}, {report['machine']['perf_analyzer']}"
+    )
     print(f"writing {json_path}", flush=True)
     t_start = time.monotonic()
     for model in models:
@@ -788,8 +833,11 @@ def raw_phase(model: str, spec: ModelSpec, path: Path, s: Settings, threads: int
         attempts.append(r)
         if r["best_slice_infer_per_s"] <= NOISY_SLICE * r["ceiling_infer_per_s"] or i == s.raw_attempts - 1:
             break
-        print(f"[{model}]   noisy sweep (ceiling {r['ceiling_infer_per_s']:.0f}/s, best slice "
-              f"{r['best_slice_infer_per_s']:.0f}/s): measuring again", flush=True)
+        print(
+            f"[{model}]   noisy sweep (ceiling {r['ceiling_infer_per_s']:.0f}/s, best slice "
+            f"{r['best_slice_infer_per_s']:.0f}/s): measuring again",
+            flush=True,
+        )
     best = max(attempts, key=lambda r: r["ceiling_infer_per_s"])
     best = dict(best)
     best["batch1_latency_ms"] = min((r["batch1_latency_ms"] for r in attempts), key=lambda x: x["median"])
@@ -819,9 +867,11 @@ def _summarise_raw(raw: dict[str, Any]) -> None:
 
 def _print_raw(model: str, r: dict[str, Any]) -> None:
     sweep = "  ".join(f"b{b}:{v:.0f}" for b, v in r["infer_per_s_by_batch"].items())
-    print(f"[{model}]   {sweep}  -> ceiling {r['ceiling_infer_per_s']:.0f}/s at batch {r['ceiling_batch']}; "
-          f"batch-1 latency median {r['batch1_latency_ms']['median']:.3f} ms ({r['batch1_latency_ms']['runs']} runs)",
-          flush=True)
+    print(
+        f"[{model}]   {sweep}  -> ceiling {r['ceiling_infer_per_s']:.0f}/s at batch {r['ceiling_batch']}; "
+        f"batch-1 latency median {r['batch1_latency_ms']['median']:.3f} ms ({r['batch1_latency_ms']['runs']} runs)",
+        flush=True,
+    )
 
 
 def run_variant(report, target, variant, spec, concurrencies, pa, s, work, args, save) -> None:
@@ -853,15 +903,27 @@ def run_variant(report, target, variant, spec, concurrencies, pa, s, work, args,
             for c in concurrencies:
                 if c not in done:
                     report["serving"].append(
-                        {"target": target.name, "model": spec.name, "variant": variant.name, "concurrency": c,
-                         "status": "error", "error": str(exc)[:500]}
+                        {
+                            "target": target.name,
+                            "model": spec.name,
+                            "variant": variant.name,
+                            "concurrency": c,
+                            "status": "error",
+                            "error": str(exc)[:500],
+                        }
                     )
         finally:
             rc = server.stop()
             problems = server.log_problems()
             report.setdefault("servers", []).append(
-                {"target": target.name, "variant": variant.name, "command": server.command,
-                 "exit_status": rc, "log": str(server.log_path), "log_problems": problems}
+                {
+                    "target": target.name,
+                    "variant": variant.name,
+                    "command": server.command,
+                    "exit_status": rc,
+                    "log": str(server.log_path),
+                    "log_problems": problems,
+                }
             )
             if rc not in (0, None) or problems:
                 print(f"[{label}] server exit status {rc}; log: {len(problems)} error/warning lines", flush=True)
@@ -894,8 +956,11 @@ def evaluate_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
     for variant, conc, what, threshold in CHECKS:
         for target in report["targets"]:
             row = next(
-                (r for r in report["serving"]
-                 if r["variant"] == variant and r["concurrency"] == conc and r["target"] == target),
+                (
+                    r
+                    for r in report["serving"]
+                    if r["variant"] == variant and r["concurrency"] == conc and r["target"] == target
+                ),
                 None,
             )
             if row is None:
@@ -905,8 +970,17 @@ def evaluate_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
                 ok = None
             else:
                 ok = value >= threshold if what == "fraction_of_ceiling" else value <= threshold
-            out.append({"target": target, "variant": variant, "concurrency": conc, "metric": what,
-                        "threshold": threshold, "value": value, "pass": ok})
+            out.append(
+                {
+                    "target": target,
+                    "variant": variant,
+                    "concurrency": conc,
+                    "metric": what,
+                    "threshold": threshold,
+                    "value": value,
+                    "pass": ok,
+                }
+            )
     return out
 
 
@@ -930,23 +1004,38 @@ def sections(report: dict[str, Any]) -> tuple[str, list[Section], list[str]]:
     rows = []
     for model, raw in report["raw"].items():
         before, after = raw["before"], raw.get("after", {})
-        rows.append([
-            model,
-            " ".join(f"{b}:{v:.0f}" for b, v in before["infer_per_s_by_batch"].items()),
-            f"{before['ceiling_infer_per_s']:.0f}", _fmt(after.get("ceiling_infer_per_s"), ".0f"),
-            _fmt(raw.get("ceiling_drift"), "+.1%"),
-            f"{max(r['best_slice_infer_per_s'] for r in (before, after) if r):.0f}",
-            f"{raw['ceiling_infer_per_s']:.0f}",
-            f"{raw['batch1_latency_ms']:.3f}",
-        ])
-    out.append((
-        "Raw ONNX Runtime (in-process InferenceSession, CPU EP, default threads, graph opt ALL)",
-        ["model", "infer/s by batch", "before", "after", "drift", "best slice", "ceiling", "batch-1 ms"], rows,
-        {2, 3, 4, 5, 6, 7},
-    ))
+        rows.append(
+            [
+                model,
+                " ".join(f"{b}:{v:.0f}" for b, v in before["infer_per_s_by_batch"].items()),
+                f"{before['ceiling_infer_per_s']:.0f}",
+                _fmt(after.get("ceiling_infer_per_s"), ".0f"),
+                _fmt(raw.get("ceiling_drift"), "+.1%"),
+                f"{max(r['best_slice_infer_per_s'] for r in (before, after) if r):.0f}",
+                f"{raw['ceiling_infer_per_s']:.0f}",
+                f"{raw['batch1_latency_ms']:.3f}",
+            ]
+        )
+    out.append(
+        (
+            "Raw ONNX Runtime (in-process InferenceSession, CPU EP, default threads, graph opt ALL)",
+            ["model", "infer/s by batch", "before", "after", "drift", "best slice", "ceiling", "batch-1 ms"],
+            rows,
+            {2, 3, 4, 5, 6, 7},
+        )
+    )
     multi = len(report["targets"]) > 1
     head = (["target"] if multi else []) + [
-        "model", "variant", "conc", "infer/s", "p50 ms", "p99 ms", "of-ceiling", "p50-raw ms", "avg batch", "note"
+        "model",
+        "variant",
+        "conc",
+        "infer/s",
+        "p50 ms",
+        "p99 ms",
+        "of-ceiling",
+        "p50-raw ms",
+        "avg batch",
+        "note",
     ]
     rows = []
     for r in report["serving"]:
@@ -955,25 +1044,37 @@ def sections(report: dict[str, Any]) -> tuple[str, list[Section], list[str]]:
             note = "unstable"
         elif r["status"] != "ok":
             note = "ERROR: " + str(r.get("error", ""))[:80]
-        rows.append(([r["target"]] if multi else []) + [
-            r["model"], r["variant"], str(r["concurrency"]),
-            _fmt(r.get("infer_per_s"), ".1f"), _fmt(r.get("p50_ms"), ".3f"), _fmt(r.get("p99_ms"), ".3f"),
-            _fmt(r.get("fraction_of_ceiling"), ".1%"), _fmt(r.get("overhead_ms"), "+.3f"),
-            _fmt(r.get("avg_server_batch"), ".2f"), note,
-        ])
+        rows.append(
+            ([r["target"]] if multi else [])
+            + [
+                r["model"],
+                r["variant"],
+                str(r["concurrency"]),
+                _fmt(r.get("infer_per_s"), ".1f"),
+                _fmt(r.get("p50_ms"), ".3f"),
+                _fmt(r.get("p99_ms"), ".3f"),
+                _fmt(r.get("fraction_of_ceiling"), ".1%"),
+                _fmt(r.get("overhead_ms"), "+.3f"),
+                _fmt(r.get("avg_server_batch"), ".2f"),
+                note,
+            ]
+        )
     off = 1 if multi else 0
     out.append(("Serving (perf_analyzer, HTTP, binary tensors)", head, rows, {off + i for i in range(2, 9)}))
     if report.get("checks"):
         rows = []
         for c in report["checks"]:
             frac = c["metric"] == "fraction_of_ceiling"
-            rows.append([
-                f"{c['target']}/{c['variant']}" if multi else c["variant"], str(c["concurrency"]),
-                "of-ceiling" if frac else "p50-raw ms",
-                f">= {c['threshold']:.0%}" if frac else f"<= {c['threshold']:.1f}",
-                _fmt(c["value"], ".1%" if frac else "+.3f"),
-                {True: "PASS", False: "FAIL", None: "n/a"}[c["pass"]],
-            ])
+            rows.append(
+                [
+                    f"{c['target']}/{c['variant']}" if multi else c["variant"],
+                    str(c["concurrency"]),
+                    "of-ceiling" if frac else "p50-raw ms",
+                    f">= {c['threshold']:.0%}" if frac else f"<= {c['threshold']:.1f}",
+                    _fmt(c["value"], ".1%" if frac else "+.3f"),
+                    {True: "PASS", False: "FAIL", None: "n/a"}[c["pass"]],
+                ]
+            )
         out.append(("Targets", ["variant", "conc", "metric", "target", "value", "result"], rows, {1, 3, 4}))
     notes = [
         f"NOISY raw {model} measurement ({raw['noisy']}): the machine was busy, ratios against it are unreliable"
@@ -1008,7 +1109,7 @@ def render_text(report: dict[str, Any]) -> str:
     for title, head, rows, right in tables:
         widths = [max(len(x) for x in col) for col in zip(head, *rows)]
 
-        def line(cells: list[str]) -> str:
+        def line(cells: list[str], right: set[int] = right, widths: list[int] = widths) -> str:
             return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
 
         lines += ["", title, line(head).rstrip()] + [line(r).rstrip() for r in rows]

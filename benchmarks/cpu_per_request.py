@@ -78,9 +78,24 @@ def main() -> int:
 
     port = free_port()
     grpc_port = free_port()
-    cmd = [sys.executable, "-m", "inferd", "serve", "--host", HOST, "--http-port", str(port),
-           "--model-repository", str(args.repo), "--log-level", "warning", *args.server_arg]
-    help_text = subprocess.run([sys.executable, "-m", "inferd", "serve", "--help"], capture_output=True, text=True).stdout
+    cmd = [
+        sys.executable,
+        "-m",
+        "inferd",
+        "serve",
+        "--host",
+        HOST,
+        "--http-port",
+        str(port),
+        "--model-repository",
+        str(args.repo),
+        "--log-level",
+        "warning",
+        *args.server_arg,
+    ]
+    help_text = subprocess.run(
+        [sys.executable, "-m", "inferd", "serve", "--help"], capture_output=True, text=True
+    ).stdout
     if "--grpc-port" in help_text:
         cmd += ["--grpc-port", str(grpc_port)]
     server = subprocess.Popen(cmd)
@@ -95,15 +110,40 @@ def main() -> int:
         url = f"{HOST}:{grpc_port if args.protocol == 'grpc' else port}"
         # perf_analyzer runs for much longer than the window we sample; we stop it ourselves.
         load = subprocess.Popen(
-            [args.perf_analyzer, "-m", args.model, "-u", url, "-i", args.protocol,
-             "--concurrency-range", str(args.concurrency), "--shape", args.shape,
-             "--measurement-interval", "60000", "--max-trials", "1"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                args.perf_analyzer,
+                "-m",
+                args.model,
+                "-u",
+                url,
+                "-i",
+                args.protocol,
+                "--concurrency-range",
+                str(args.concurrency),
+                "--shape",
+                args.shape,
+                "--measurement-interval",
+                "60000",
+                "--max-trials",
+                "1",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         time.sleep(2.0)  # warm up
-        before_threads, before_pa, before_n, t0 = thread_times(server.pid), process_time(load.pid), stats(port, args.model), time.monotonic()
+        before_threads, before_pa, before_n, t0 = (
+            thread_times(server.pid),
+            process_time(load.pid),
+            stats(port, args.model),
+            time.monotonic(),
+        )
         time.sleep(args.seconds)
-        after_threads, after_pa, after_n, t1 = thread_times(server.pid), process_time(load.pid), stats(port, args.model), time.monotonic()
+        after_threads, after_pa, after_n, t1 = (
+            thread_times(server.pid),
+            process_time(load.pid),
+            stats(port, args.model),
+            time.monotonic(),
+        )
         load.send_signal(signal.SIGINT)
         try:
             load.wait(timeout=10)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -50,9 +51,7 @@ class Server:
         self._log_file = open(log_path, "wb")
         # faulthandler: a crash of the server shows its Python stacks in the log.
         env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
-        self.proc = subprocess.Popen(
-            self.cmd, stdout=self._log_file, stderr=subprocess.STDOUT, cwd=str(ROOT), env=env
-        )
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log_file, stderr=subprocess.STDOUT, cwd=str(ROOT), env=env)
         self.returncode: int | None = None
 
     def log(self) -> str:
@@ -238,8 +237,9 @@ def slow_iterations(slow_seconds_per_iteration):
     return iterations
 
 
-def stats_of(server: Server, model: str, success: int | None = None, fail: int | None = None,
-             timeout: float = 5.0) -> dict:
+def stats_of(
+    server: Server, model: str, success: int | None = None, fail: int | None = None, timeout: float = 5.0
+) -> dict:
     """The model's statistics entry. With ``success``/``fail``: wait (bounded) until the counts
     reach at least those numbers; an answer can reach the client a moment before the server has
     recorded it (Triton, too, reports statistics after sending the response)."""
@@ -279,3 +279,53 @@ def success_count(entry: dict) -> int:
 
 def fail_count(entry: dict) -> int:
     return entry["inference_stats"]["fail"]["count"]
+
+
+# --------------------------------------------------------------------------- perf_analyzer
+
+PERF_INSTALL_TIMEOUT = 600
+PERF_RUN_TIMEOUT = 180
+#: Short perf_analyzer runs that finish on a busy 2-core machine.
+PERF_SHORT_RUN = ["--measurement-interval", "1000", "--max-trials", "6", "--stability-percentage", "500"]
+
+
+@pytest.fixture(scope="session")
+def perf_analyzer() -> str:
+    """The perf_analyzer wrapper from tools/get-perf-analyzer.sh (skips when it can't be had)."""
+    script = ROOT / "tools" / "get-perf-analyzer.sh"
+    if not script.exists():
+        pytest.skip(f"{script} is missing")
+    try:
+        result = subprocess.run(
+            ["bash", str(script)], capture_output=True, text=True, timeout=PERF_INSTALL_TIMEOUT, cwd=str(ROOT)
+        )
+    except subprocess.TimeoutExpired:
+        pytest.skip(f"get-perf-analyzer.sh did not finish within {PERF_INSTALL_TIMEOUT}s")
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        pytest.skip(f"get-perf-analyzer.sh failed (exit {result.returncode}): {result.stderr.strip()[-2000:]}")
+    path = lines[-1].strip()
+    check = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=60)
+    if "perf_analyzer" not in (check.stdout + check.stderr) and "concurrency" not in (check.stdout + check.stderr):
+        pytest.skip(f"{path} does not run here: {(check.stdout + check.stderr)[-2000:]}")
+    return path
+
+
+def run_perf_analyzer(binary: str, server, args: list[str], protocol: str = "http") -> tuple[str, list[float]]:
+    """Run perf_analyzer against a test server; fails the test on a non-zero exit. Returns its
+    output and the throughputs it printed."""
+    address = server.grpc_address if protocol == "grpc" else server.address
+    cmd = [binary, "-u", address, "-i", protocol, *args]
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=PERF_RUN_TIMEOUT)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(
+            f"perf_analyzer ran past {PERF_RUN_TIMEOUT}s: {' '.join(cmd)}\n{exc.stdout}\n{server.log()[-5000:]}"
+        )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, (
+        f"perf_analyzer exited with {result.returncode}: {' '.join(cmd)}\n{output}\n--- server log ---\n"
+        f"{server.log()[-5000:]}"
+    )
+    throughputs = [float(v) for v in re.findall(r"throughput: ([0-9.]+) infer/sec", output)]
+    return output, throughputs

@@ -187,25 +187,22 @@ instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
 
 
 #: Models in the session-wide test repository (all of them load).
-TEST_MODELS = (
-    [identity_name(dt) for dt in DATATYPES]
-    + [
-        "versioned",
-        "tuned",
-        "kind_auto",
-        "auto_dynamic",
-        "auto_fixed",
-        "partial_config",
-        "batching",
-        "slow_batching",
-        "slow_preferred",
-        "no_batching_dyn",
-        "slow",
-        "slow_queue",
-        "slow_timeout",
-        "slow_timeout_override",
-    ]
-)
+TEST_MODELS = [identity_name(dt) for dt in DATATYPES] + [
+    "versioned",
+    "tuned",
+    "kind_auto",
+    "auto_dynamic",
+    "auto_fixed",
+    "partial_config",
+    "batching",
+    "slow_batching",
+    "slow_preferred",
+    "no_batching_dyn",
+    "slow",
+    "slow_queue",
+    "slow_timeout",
+    "slow_timeout_override",
+]
 
 
 def build_test_repository(repo: Path) -> Path:
@@ -255,7 +252,7 @@ def build_test_repository(repo: Path) -> Path:
         repo,
         "partial_config",
         add_const_model(-1.0),
-        'max_batch_size: 8\ninstance_group [ { count: 2 kind: KIND_CPU } ]\ndynamic_batching: { max_queue_delay_microseconds: 100 }\n',
+        "max_batch_size: 8\ninstance_group [ { count: 2 kind: KIND_CPU } ]\ndynamic_batching: { max_queue_delay_microseconds: 100 }\n",
     )
 
     fp32_identity = identity_model(TensorProto.FLOAT, ["N", "D"])

@@ -24,8 +24,14 @@ def connect(host: str, port: int, timeout: float = 30.0) -> socket.socket:
     return sock
 
 
-def request_bytes(method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
-                  host: str = "127.0.0.1", content_length: int | None = None) -> bytes:
+def request_bytes(
+    method: str,
+    path: str,
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
+    host: str = "127.0.0.1",
+    content_length: int | None = None,
+) -> bytes:
     lines = [f"{method} {path} HTTP/1.1", f"Host: {host}"]
     if body or method == "POST":
         lines.append(f"Content-Length: {len(body) if content_length is None else content_length}")

@@ -241,7 +241,9 @@ def test_different_shapes_do_not_share_a_batch(models_server):
 
     def call(i: int):
         values = np.full((1, widths[i]), i, np.float32)
-        return values, requests.post(f"{models_server.url}/v2/models/batching/infer", json=fp32_request(values), timeout=30)
+        return values, requests.post(
+            f"{models_server.url}/v2/models/batching/infer", json=fp32_request(values), timeout=30
+        )
 
     for result in together(len(widths), call):
         assert not isinstance(result, Exception), result
@@ -282,9 +284,7 @@ def test_max_queue_size(models_server, slow_iterations):
     assert ok + refused == count
     assert ok >= 3, statuses  # one running + max_queue_size queued
     assert refused >= 1, statuses
-    after = stats_of(
-        models_server, "slow_queue", success=success_count(before) + ok, fail=fail_count(before) + refused
-    )
+    after = stats_of(models_server, "slow_queue", success=success_count(before) + ok, fail=fail_count(before) + refused)
     assert after["inference_stats"]["fail"]["count"] - before["inference_stats"]["fail"]["count"] == refused
     assert after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"] == ok
     # Still serving.

@@ -11,8 +11,8 @@ import zlib
 
 import numpy as np
 import pytest
-import requests
 import rawhttp
+import requests
 from conftest import (
     BUNDLED_MODELS,
     BUNDLED_REPOSITORY,
@@ -177,7 +177,7 @@ def test_fractional_json_data_for_integer_tensor(server):
 
 
 def test_string_json_data_for_integer_tensor(server):
-    """"7" (a JSON string) is not an INT32 either."""
+    """ "7" (a JSON string) is not an INT32 either."""
     request = good_request()
     request["inputs"][0]["data"] = ["7"] * 16
     message = error_of(post_infer(server, request), 400)
@@ -674,14 +674,20 @@ def test_pipelined_large_responses_slow_reader(models_server):
             {
                 "id": f"big-{i}",
                 "inputs": [
-                    {"name": "INPUT0", "datatype": "FP32", "shape": list(values.shape),
-                     "parameters": {"binary_data_size": values.nbytes}}
+                    {
+                        "name": "INPUT0",
+                        "datatype": "FP32",
+                        "shape": list(values.shape),
+                        "parameters": {"binary_data_size": values.nbytes},
+                    }
                 ],
                 "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
             }
         ).encode()
         data += rawhttp.request_bytes(
-            "POST", "/v2/models/identity_fp32/infer", header + values.tobytes(),
+            "POST",
+            "/v2/models/identity_fp32/infer",
+            header + values.tobytes(),
             {"Inference-Header-Content-Length": str(len(header))},
         )
     with rawhttp.connect(models_server.host, models_server.port, timeout=60) as sock:

@@ -18,10 +18,12 @@ import tritonclient.grpc as grpcclient
 from conftest import (
     BUNDLED_MODELS,
     HOST,
+    PERF_SHORT_RUN,
     ROOT,
     fail_count,
     free_port,
     quiet_stats,
+    run_perf_analyzer,
     start_server,
     stats_of,
     success_count,
@@ -29,7 +31,6 @@ from conftest import (
 from google.protobuf import json_format
 from models import DATATYPES, identity_name, slow_config, slow_model, write_model
 from test_kserve_http import datatype_values
-from test_perf_analyzer import perf_analyzer  # noqa: F401  (the fixture)
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
@@ -132,9 +133,7 @@ def assert_simple_serves(stub) -> None:
 
 
 def slow_inputs(iterations: int, value: float = 1.0) -> list[grpcclient.InferInput]:
-    return infer_inputs(
-        x=("FP32", np.array([[value]], np.float32)), n=("INT64", np.array([[iterations]], np.int64))
-    )
+    return infer_inputs(x=("FP32", np.array([[value]], np.float32)), n=("INT64", np.array([[iterations]], np.int64)))
 
 
 def tensors_to_dict(tensors) -> list[dict]:
@@ -391,7 +390,9 @@ def test_async_infer(bundled_grpc):
 def test_async_infer_error(bundled_grpc):
     answers: queue.Queue = queue.Queue()
     a, b = simple_inputs(1)
-    bundled_grpc.async_infer("no_such_model", simple_grpc_inputs(a, b), lambda result, error: answers.put((result, error)))
+    bundled_grpc.async_infer(
+        "no_such_model", simple_grpc_inputs(a, b), lambda result, error: answers.put((result, error))
+    )
     result, error = answers.get(timeout=60)
     assert result is None
     assert error.status() == "StatusCode.NOT_FOUND"
@@ -472,7 +473,9 @@ def test_highest_version_served(models_grpc):
     result = models_grpc.infer("versioned", infer_inputs(INPUT0=("FP32", values)))
     assert result.get_response().model_version == "3"
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), values + 3)
-    grpc_error(lambda: models_grpc.infer("versioned", infer_inputs(INPUT0=("FP32", values)), model_version="1"), "NOT_FOUND")
+    grpc_error(
+        lambda: models_grpc.infer("versioned", infer_inputs(INPUT0=("FP32", values)), model_version="1"), "NOT_FOUND"
+    )
 
 
 # --------------------------------------------------------------------------- errors: same messages as REST
@@ -488,20 +491,63 @@ def _json(name: str, datatype: str, array: np.ndarray) -> dict:
 CORE_ERRORS = {
     "unknown-model": ("no_such_model", "", [("INPUT0", "INT32", A1)], None, "NOT_FOUND", 404),
     "unknown-version": ("simple", "5", [("INPUT0", "INT32", A1), ("INPUT1", "INT32", B1)], None, "NOT_FOUND", 404),
-    "wrong-shape": ("simple", "", [("INPUT0", "INT32", A1[:, :15]), ("INPUT1", "INT32", B1[:, :15])], None,
-                    "INVALID_ARGUMENT", 400),
-    "wrong-rank": ("simple", "", [("INPUT0", "INT32", A1[0]), ("INPUT1", "INT32", B1[0])], None, "INVALID_ARGUMENT", 400),
-    "wrong-datatype": ("simple", "", [("INPUT0", "FP32", A1.astype(np.float32)), ("INPUT1", "INT32", B1)], None,
-                       "INVALID_ARGUMENT", 400),
-    "batch-over-max": ("simple", "", [("INPUT0", "INT32", np.zeros((9, 16), np.int32)),
-                                      ("INPUT1", "INT32", np.zeros((9, 16), np.int32))], None, "INVALID_ARGUMENT", 400),
-    "batch-disagrees": ("simple", "", [("INPUT0", "INT32", np.zeros((2, 16), np.int32)),
-                                       ("INPUT1", "INT32", np.zeros((3, 16), np.int32))], None, "INVALID_ARGUMENT", 400),
-    "unknown-input": ("simple", "", [("INPUT0", "INT32", A1), ("INPUT1", "INT32", B1), ("EXTRA", "INT32", A1)], None,
-                      "INVALID_ARGUMENT", 400),
+    "wrong-shape": (
+        "simple",
+        "",
+        [("INPUT0", "INT32", A1[:, :15]), ("INPUT1", "INT32", B1[:, :15])],
+        None,
+        "INVALID_ARGUMENT",
+        400,
+    ),
+    "wrong-rank": (
+        "simple",
+        "",
+        [("INPUT0", "INT32", A1[0]), ("INPUT1", "INT32", B1[0])],
+        None,
+        "INVALID_ARGUMENT",
+        400,
+    ),
+    "wrong-datatype": (
+        "simple",
+        "",
+        [("INPUT0", "FP32", A1.astype(np.float32)), ("INPUT1", "INT32", B1)],
+        None,
+        "INVALID_ARGUMENT",
+        400,
+    ),
+    "batch-over-max": (
+        "simple",
+        "",
+        [("INPUT0", "INT32", np.zeros((9, 16), np.int32)), ("INPUT1", "INT32", np.zeros((9, 16), np.int32))],
+        None,
+        "INVALID_ARGUMENT",
+        400,
+    ),
+    "batch-disagrees": (
+        "simple",
+        "",
+        [("INPUT0", "INT32", np.zeros((2, 16), np.int32)), ("INPUT1", "INT32", np.zeros((3, 16), np.int32))],
+        None,
+        "INVALID_ARGUMENT",
+        400,
+    ),
+    "unknown-input": (
+        "simple",
+        "",
+        [("INPUT0", "INT32", A1), ("INPUT1", "INT32", B1), ("EXTRA", "INT32", A1)],
+        None,
+        "INVALID_ARGUMENT",
+        400,
+    ),
     "missing-input": ("simple", "", [("INPUT0", "INT32", A1)], None, "INVALID_ARGUMENT", 400),
-    "unknown-output": ("simple", "", [("INPUT0", "INT32", A1), ("INPUT1", "INT32", B1)], ["NOPE"], "INVALID_ARGUMENT",
-                       400),
+    "unknown-output": (
+        "simple",
+        "",
+        [("INPUT0", "INT32", A1), ("INPUT1", "INT32", B1)],
+        ["NOPE"],
+        "INVALID_ARGUMENT",
+        400,
+    ),
 }
 
 
@@ -538,7 +584,9 @@ def _typed(datatype: str, field: str, values: list, shape: list[int], model: str
 
 
 def _raw_size_mismatch():
-    return raw_request("simple", ("INPUT0", "INT32", [1, 16], A1.tobytes()[:-4]), ("INPUT1", "INT32", [1, 16], B1.tobytes()))
+    return raw_request(
+        "simple", ("INPUT0", "INT32", [1, 16], A1.tobytes()[:-4]), ("INPUT1", "INT32", [1, 16], B1.tobytes())
+    )
 
 
 def _raw_count_mismatch():
@@ -578,7 +626,9 @@ def _bad_datatype():
 
 
 def _negative_shape():
-    return raw_request("simple", ("INPUT0", "INT32", [-1, 16], A1.tobytes()), ("INPUT1", "INT32", [1, 16], B1.tobytes()))
+    return raw_request(
+        "simple", ("INPUT0", "INT32", [-1, 16], A1.tobytes()), ("INPUT1", "INT32", [1, 16], B1.tobytes())
+    )
 
 
 def _bytes_malformed():
@@ -599,8 +649,14 @@ PROTOCOL_ERRORS = {
     "raw-size-mismatch": (_raw_size_mismatch, "has 60 bytes of raw_input_contents but shape [1, 16] of INT32 needs 64"),
     "raw-count-mismatch": (_raw_count_mismatch, "2 inputs but 1 raw_input_contents"),
     "raw-and-contents": (_raw_and_contents, "input 'INPUT1' has data in 'contents'"),
-    "typed-count-mismatch": (lambda: _typed("INT32", "int_contents", [1, 2, 3], [1, 16]), "3 elements in contents.int_contents"),
-    "typed-wrong-field": (lambda: _typed("INT32", "fp32_contents", [1.0] * 16, [1, 16]), "data goes in contents.int_contents"),
+    "typed-count-mismatch": (
+        lambda: _typed("INT32", "int_contents", [1, 2, 3], [1, 16]),
+        "3 elements in contents.int_contents",
+    ),
+    "typed-wrong-field": (
+        lambda: _typed("INT32", "fp32_contents", [1.0] * 16, [1, 16]),
+        "data goes in contents.int_contents",
+    ),
     "typed-out-of-range": (
         lambda: _typed("INT8", "int_contents", [1, 300], [1, 2], model=identity_name("INT8")),
         "value 300 in contents.int_contents is out of range for INT8",
@@ -691,7 +747,10 @@ def test_statistics_count_grpc_requests(bundled_server, bundled_grpc):
     assert entry.last_inference == rest["last_inference"]
     for key in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output"):
         duration = getattr(entry.inference_stats, key)
-        assert (duration.count, duration.ns) == (rest["inference_stats"][key]["count"], rest["inference_stats"][key]["ns"])
+        assert (duration.count, duration.ns) == (
+            rest["inference_stats"][key]["count"],
+            rest["inference_stats"][key]["ns"],
+        )
     assert {b.batch_size: b.compute_infer.count for b in entry.batch_stats} == {
         b["batch_size"]: b["compute_infer"]["count"] for b in rest["batch_stats"]
     }
@@ -763,7 +822,9 @@ def test_stream_answers_in_completion_order(models_stub, slow_iterations):
         ("n", "INT64", [1, 1], np.array([[slow_iterations(0.5)]], np.int64).tobytes()),
         id="slow",
     )
-    fast = raw_request(identity_name("FP32"), ("INPUT0", "FP32", [1, 2], np.array([[1, 2]], np.float32).tobytes()), id="fast")
+    fast = raw_request(
+        identity_name("FP32"), ("INPUT0", "FP32", [1, 2], np.array([[1, 2]], np.float32).tobytes()), id="fast"
+    )
     responses = list(models_stub.ModelStreamInfer(iter([slow, fast]), timeout=60))
     assert [r.infer_response.id for r in responses] == ["fast", "slow"]
     assert all(r.error_message == "" for r in responses)
@@ -775,7 +836,9 @@ def test_stream_final_response_flag(bundled_grpc):
     a, b = simple_inputs(1, seed=41)
     bundled_grpc.start_stream(callback=lambda result, error: answers.put((result, error)))
     try:
-        bundled_grpc.async_stream_infer("simple", simple_grpc_inputs(a, b), request_id="f", enable_empty_final_response=True)
+        bundled_grpc.async_stream_infer(
+            "simple", simple_grpc_inputs(a, b), request_id="f", enable_empty_final_response=True
+        )
         result, error = answers.get(timeout=60)
     finally:
         bundled_grpc.stop_stream()
@@ -793,7 +856,9 @@ def test_stream_many_in_flight(models_grpc):
         for i in range(40):
             values = np.full((1, 3), i, np.int64)
             sent[str(i)] = values
-            models_grpc.async_stream_infer(identity_name("INT64"), infer_inputs(INPUT0=("INT64", values)), request_id=str(i))
+            models_grpc.async_stream_infer(
+                identity_name("INT64"), infer_inputs(INPUT0=("INT64", values)), request_id=str(i)
+            )
         got = [answers.get(timeout=60) for _ in range(40)]
     finally:
         models_grpc.stop_stream()
@@ -828,7 +893,9 @@ def test_unimplemented(bundled_grpc, call):
 
 def test_cuda_shared_memory_register_unimplemented(bundled_stub):
     request = service_pb2.CudaSharedMemoryRegisterRequest(name="region", raw_handle=b"x", device_id=0, byte_size=64)
-    message = stub_error(lambda: bundled_stub.CudaSharedMemoryRegister(request, timeout=30), grpc.StatusCode.UNIMPLEMENTED)
+    message = stub_error(
+        lambda: bundled_stub.CudaSharedMemoryRegister(request, timeout=30), grpc.StatusCode.UNIMPLEMENTED
+    )
     assert "CUDA shared memory" in message
 
 
@@ -853,9 +920,7 @@ def test_max_request_size_and_sigterm_drain(log_dir, small_repository, slow_iter
     calls and stream messages finish, ends the open stream and exits 0 without waiting out the
     drain timeout."""
     limit = 1 << 20
-    server = start_server(
-        log_dir / "grpc-drain", [small_repository], ["slow"], ["--max-request-size", str(limit)]
-    )
+    server = start_server(log_dir / "grpc-drain", [small_repository], ["slow"], ["--max-request-size", str(limit)])
     client = grpcclient.InferenceServerClient(server.grpc_address)
     try:
         fp32 = identity_name("FP32")
@@ -927,8 +992,20 @@ def test_grpc_port_in_use(tmp_path):
         taken.bind((HOST, 0))
         taken.listen()
         grpc_port = taken.getsockname()[1]
-        cmd = [sys.executable, "-m", "inferd", "serve", "--host", HOST, "--http-port", str(free_port()),
-               "--grpc-port", str(grpc_port), "--model-repository", str(empty)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "inferd",
+            "serve",
+            "--host",
+            HOST,
+            "--http-port",
+            str(free_port()),
+            "--grpc-port",
+            str(grpc_port),
+            "--model-repository",
+            str(empty),
+        ]
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=str(ROOT))
     assert result.returncode != 0
     output = result.stdout + result.stderr
@@ -937,28 +1014,13 @@ def test_grpc_port_in_use(tmp_path):
 
 
 def test_help_lists_grpc_options():
-    out = subprocess.run([sys.executable, "-m", "inferd", "serve", "--help"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "inferd", "serve", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert "--grpc-port" in out.stdout and "--allow-grpc" in out.stdout and "--no-allow-grpc" in out.stdout
 
 
 # --------------------------------------------------------------------------- perf_analyzer -i grpc
-
-PERF_RUN_TIMEOUT = 180
-SHORT_RUN = ["--measurement-interval", "1000", "--max-trials", "6", "--stability-percentage", "500"]
-
-
-def run_perf_analyzer_grpc(binary: str, server, args: list[str]) -> str:
-    cmd = [binary, "-u", server.grpc_address, "-i", "grpc", *args]
-    try:
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=PERF_RUN_TIMEOUT)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"perf_analyzer ran past {PERF_RUN_TIMEOUT}s: {' '.join(cmd)}\n{exc.stdout}\n{server.log()[-5000:]}")
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, (
-        f"perf_analyzer exited with {result.returncode}: {' '.join(cmd)}\n{output}\n--- server log ---\n"
-        f"{server.log()[-5000:]}"
-    )
-    return output
 
 
 @pytest.mark.parametrize("mode", ["unary", "streaming"])
@@ -972,8 +1034,11 @@ def test_perf_analyzer_grpc(perf_analyzer, bundled_server, mode):  # noqa: F811
     else:
         shape_args = ["--shape", shape]
     before = quiet_stats(bundled_server, model)
-    output = run_perf_analyzer_grpc(
-        perf_analyzer, bundled_server, ["-m", model, "--concurrency-range", "2", *shape_args, *extra, *SHORT_RUN]
+    output, _ = run_perf_analyzer(
+        perf_analyzer,
+        bundled_server,
+        ["-m", model, "--concurrency-range", "2", *shape_args, *extra, *PERF_SHORT_RUN],
+        protocol="grpc",
     )
     throughputs = [float(v) for v in re.findall(r"throughput: ([0-9.]+) infer/sec", output)]
     assert len(throughputs) == 1 and throughputs[0] > 0, output

@@ -337,7 +337,9 @@ def test_mixed_exact(bundled_client):
         ]
         for infer_input, value in zip(inputs, (x, scale, k, text)):
             infer_input.set_data_from_numpy(value, binary_data=binary)
-        outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("y", "positive", "count", "text_out")]
+        outputs = [
+            httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("y", "positive", "count", "text_out")
+        ]
         result = bundled_client.infer("mixed", inputs, outputs=outputs)
         y = result.as_numpy("y")
         assert y.dtype == np.float64
@@ -420,8 +422,20 @@ def datatype_values(datatype: str, binary: bool) -> np.ndarray:
         flat = [True, False, True, True, False, False, True, False, False, True, True, False]
         return np.array(flat, np.bool_).reshape(3, 4)
     if datatype == "BYTES":
-        items = ["", "a", "hello world", "wörld ✓", "🙂", "with\nnewline", "quote\"and\\", "x" * 300,
-                 "tab\tchar", "0", "end", "ünï"]
+        items = [
+            "",
+            "a",
+            "hello world",
+            "wörld ✓",
+            "🙂",
+            "with\nnewline",
+            'quote"and\\',
+            "x" * 300,
+            "tab\tchar",
+            "0",
+            "end",
+            "ünï",
+        ]
         values = [s.encode() for s in items]
         if binary:
             values[1] = b"nul\x00inside"
@@ -432,8 +446,20 @@ def datatype_values(datatype: str, binary: bool) -> np.ndarray:
         flat = [info.min, info.max, 0, 1, info.max - 1, info.min + 1, 7, 42, info.max // 3, info.min // 3, 100, 3]
         return np.array(flat, dtype).reshape(3, 4)
     finfo = np.finfo(dtype)
-    flat = [0.0, -0.0, 1.0, -1.5, float(finfo.max), float(finfo.min), float(finfo.tiny), float(finfo.eps),
-            0.1, 1 / 3, 65504.0 if dtype == np.float16 else 1e30, -2.5e-5]
+    flat = [
+        0.0,
+        -0.0,
+        1.0,
+        -1.5,
+        float(finfo.max),
+        float(finfo.min),
+        float(finfo.tiny),
+        float(finfo.eps),
+        0.1,
+        1 / 3,
+        65504.0 if dtype == np.float16 else 1e30,
+        -2.5e-5,
+    ]
     array = np.array(flat, dtype)
     if binary:
         array[1] = np.inf
@@ -475,7 +501,12 @@ def test_bytes_non_utf8_binary(models_server):
     header = json.dumps(
         {
             "inputs": [
-                {"name": "INPUT0", "datatype": "BYTES", "shape": [1, 3], "parameters": {"binary_data_size": len(payload)}}
+                {
+                    "name": "INPUT0",
+                    "datatype": "BYTES",
+                    "shape": [1, 3],
+                    "parameters": {"binary_data_size": len(payload)},
+                }
             ],
             "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
         }
@@ -569,7 +600,11 @@ def test_stats_all_models(bundled_server, bundled_client):
 
 
 def _add_request(values: np.ndarray) -> dict:
-    return {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": list(values.shape), "data": values.flatten().tolist()}]}
+    return {
+        "inputs": [
+            {"name": "INPUT0", "datatype": "FP32", "shape": list(values.shape), "data": values.flatten().tolist()}
+        ]
+    }
 
 
 def test_highest_version_served(models_server):

@@ -129,7 +129,18 @@ def test_missing_repository_directory(log_dir, tmp_path):
     import subprocess
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "inferd", "serve", "--host", HOST, "--http-port", "0", "--model-repository", str(missing)],
+        [
+            sys.executable,
+            "-m",
+            "inferd",
+            "serve",
+            "--host",
+            HOST,
+            "--http-port",
+            "0",
+            "--model-repository",
+            str(missing),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
@@ -170,7 +181,7 @@ def test_sigterm_drains_in_flight_requests(log_dir, lifecycle_repository, slow_i
                 with pytest.raises(OSError):
                     socket.create_connection((HOST, server.port), timeout=2).close()
             results = [f.result(timeout=60) for f in futures]
-        for value, (response, elapsed) in zip(values, results):
+        for value, (response, _elapsed) in zip(values, results):
             assert response.status_code == 200, response.text
             assert response.json()["outputs"][0]["data"] == [value]
         code = server.proc.wait(timeout=60)
@@ -199,7 +210,9 @@ def test_drain_timeout_still_exits_zero(log_dir, lifecycle_repository, slow_iter
 
         def call():
             try:
-                return requests.post(f"{server.url}/v2/models/slow/infer", json=slow_request(iterations, 1.0), timeout=60)
+                return requests.post(
+                    f"{server.url}/v2/models/slow/infer", json=slow_request(iterations, 1.0), timeout=60
+                )
             except requests.RequestException as exc:
                 return exc
 
@@ -246,7 +259,9 @@ def test_version_and_help():
 
     out = subprocess.run([sys.executable, "-m", "inferd", "--version"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "inferd" in out.stdout
-    out = subprocess.run([sys.executable, "-m", "inferd", "serve", "--help"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "inferd", "serve", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0
     for option in ("--model-repository", "--http-port", "--strict-readiness", "--max-request-size"):
         assert option in out.stdout

@@ -49,7 +49,9 @@ def added(response) -> float:
 
 
 def index_rows(server, name: str, body: dict | None = None) -> list[dict]:
-    response = server.post("/v2/repository/index", json=body) if body is not None else server.post("/v2/repository/index")
+    response = (
+        server.post("/v2/repository/index", json=body) if body is not None else server.post("/v2/repository/index")
+    )
     assert response.status_code == 200, response.text
     return [row for row in response.json() if row["name"] == name]
 
@@ -217,9 +219,7 @@ def test_explicit_reload_with_changed_config(explicit_server, explicit_repo):
 
 def test_explicit_load_with_config_override(explicit_server):
     override = json.dumps({"name": "overridden", "platform": "onnxruntime_onnx", "max_batch_size": 3})
-    response = explicit_server.post(
-        "/v2/repository/models/overridden/load", json={"parameters": {"config": override}}
-    )
+    response = explicit_server.post("/v2/repository/models/overridden/load", json={"parameters": {"config": override}})
     assert response.status_code == 200, response.text
     assert config_of(explicit_server, "overridden")["max_batch_size"] == 3
     assert added(infer_add(explicit_server, "overridden")) == 1.0

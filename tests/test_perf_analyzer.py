@@ -2,60 +2,24 @@
 
 from __future__ import annotations
 
-import re
-import subprocess
-
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from conftest import BUNDLED_REPOSITORY, ROOT, quiet_stats, start_server, stats_of
+from conftest import (  # noqa: F401
+    BUNDLED_REPOSITORY,
+    PERF_SHORT_RUN,
+    quiet_stats,
+    run_perf_analyzer,
+    start_server,
+    stats_of,
+)
+
 from inferd.examples.build_models import write_seed_repository
 
 #: Generous bounds: a run is a few seconds; these only stop a hung run.
-INSTALL_TIMEOUT = 600
-RUN_TIMEOUT = 180
 #: Loose stability (max/min of the last 3 windows within 6x) so that a short run on a small, busy
 #: machine still completes: these tests check that the server works with perf_analyzer, not how
 #: steady it is.
-SHORT_RUN = ["--measurement-interval", "1000", "--max-trials", "6", "--stability-percentage", "500"]
-
-
-
-@pytest.fixture(scope="session")
-def perf_analyzer() -> str:
-    """The perf_analyzer wrapper from tools/get-perf-analyzer.sh (skips when it can't be had)."""
-    script = ROOT / "tools" / "get-perf-analyzer.sh"
-    if not script.exists():
-        pytest.skip(f"{script} is missing")
-    try:
-        result = subprocess.run(
-            ["bash", str(script)], capture_output=True, text=True, timeout=INSTALL_TIMEOUT, cwd=str(ROOT)
-        )
-    except subprocess.TimeoutExpired:
-        pytest.skip(f"get-perf-analyzer.sh did not finish within {INSTALL_TIMEOUT}s")
-    lines = result.stdout.strip().splitlines()
-    if result.returncode != 0 or not lines:
-        pytest.skip(f"get-perf-analyzer.sh failed (exit {result.returncode}): {result.stderr.strip()[-2000:]}")
-    path = lines[-1].strip()
-    check = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=60)
-    if "perf_analyzer" not in (check.stdout + check.stderr) and "concurrency" not in (check.stdout + check.stderr):
-        pytest.skip(f"{path} does not run here: {(check.stdout + check.stderr)[-2000:]}")
-    return path
-
-
-def run_perf_analyzer(binary: str, server, args: list[str]) -> tuple[str, list[float]]:
-    cmd = [binary, "-u", server.address, "-i", "http", *args]
-    try:
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"perf_analyzer ran past {RUN_TIMEOUT}s: {' '.join(cmd)}\n{exc.stdout}\n{server.log()[-5000:]}")
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, (
-        f"perf_analyzer exited with {result.returncode}: {' '.join(cmd)}\n{output}\n--- server log ---\n"
-        f"{server.log()[-5000:]}"
-    )
-    throughputs = [float(v) for v in re.findall(r"throughput: ([0-9.]+) infer/sec", output)]
-    return output, throughputs
 
 
 def test_perf_analyzer_digits(perf_analyzer, bundled_server):
@@ -63,7 +27,7 @@ def test_perf_analyzer_digits(perf_analyzer, bundled_server):
     output, throughputs = run_perf_analyzer(
         perf_analyzer,
         bundled_server,
-        ["-m", "digits", "--concurrency-range", "4", "--shape", "input.1:1,28,28", *SHORT_RUN],
+        ["-m", "digits", "--concurrency-range", "4", "--shape", "input.1:1,28,28", *PERF_SHORT_RUN],
     )
     assert len(throughputs) == 1, output
     assert throughputs[0] > 0, output

@@ -28,18 +28,14 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default: 0.0.0.0, as Triton)")
     p.add_argument("--http-port", type=int, default=8000, help="KServe V2 REST port (default: 8000)")
-    p.add_argument(
-        "--grpc-port", type=int, default=8001, help="KServe V2 gRPC port (default: 8001, as Triton)"
-    )
+    p.add_argument("--grpc-port", type=int, default=8001, help="KServe V2 gRPC port (default: 8001, as Triton)")
     p.add_argument(
         "--allow-grpc",
         default=True,
         action=argparse.BooleanOptionalAction,
         help="serve KServe V2 gRPC (Triton's GRPCInferenceService) next to REST (default: on, as Triton)",
     )
-    p.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity"
-    )
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity")
     p.add_argument(
         "--strict-readiness",
         default=True,

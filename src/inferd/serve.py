@@ -75,7 +75,12 @@ async def serve(options: ServeOptions, started: asyncio.Event | None = None) -> 
     log.info("KServe V2 HTTP listening on %s:%d", options.host, http.port)
     await core.start()
     for row in core.index():
-        log.info("model %-24s %-8s %s", row["name"] + (":" + row["version"] if "version" in row else ""), row["state"], row["reason"])
+        log.info(
+            "model %-24s %-8s %s",
+            row["name"] + (":" + row["version"] if "version" in row else ""),
+            row["state"],
+            row["reason"],
+        )
     log.info("model control mode: %s", options.model_control_mode)
     log.info("server %s", "ready" if core.ready else "started, NOT ready (a model failed to load)")
     if started is not None:

@@ -183,9 +183,7 @@ class Model:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._post = loop.call_soon_threadsafe
         self.loop_thread_id = threading.get_ident()
-        self.scheduler = Scheduler(
-            self.name, batch_policy(self.config), self.instances, loop, self._deliver
-        )
+        self.scheduler = Scheduler(self.name, batch_policy(self.config), self.instances, loop, self._deliver)
         self.scheduler.start()
         self.state = "READY"
 
@@ -239,9 +237,7 @@ class Model:
                 shape = shape[1:]
             if shape != spec.dims:
                 dims = spec.dims
-                if not spec.wildcard or len(shape) != len(dims) or any(
-                    d != -1 and d != s for d, s in zip(dims, shape)
-                ):
+                if not spec.wildcard or len(shape) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, shape)):
                     raise self._shape_error(spec, array.shape)
             if spec.text:
                 inputs[name] = _as_text(name, array)
@@ -371,7 +367,11 @@ def _complete_instance_groups(config: ModelConfig, devices: list[Device]) -> Non
         if group.count == 0:
             group.count = 1
         if group.kind == pb.ModelInstanceGroup.KIND_AUTO:
-            group.kind = pb.ModelInstanceGroup.KIND_GPU if any(d.kind == "gpu" for d in devices) else pb.ModelInstanceGroup.KIND_CPU
+            group.kind = (
+                pb.ModelInstanceGroup.KIND_GPU
+                if any(d.kind == "gpu" for d in devices)
+                else pb.ModelInstanceGroup.KIND_CPU
+            )
         if not group.name:
             group.name = f"{config.name}_{index}"
 

@@ -137,7 +137,9 @@ class Scheduler:
             if policy.allow_timeout_override and request.parameters and "timeout" in request.parameters:
                 value = request.parameters["timeout"]
                 if type(value) is not int or value < 0:
-                    raise InvalidRequest(f"parameter 'timeout' must be a non-negative integer (microseconds), not {value!r}")
+                    raise InvalidRequest(
+                        f"parameter 'timeout' must be a non-negative integer (microseconds), not {value!r}"
+                    )
                 timeout = value * 1000
             if timeout > 0:
                 request.deadline_ns = now + timeout

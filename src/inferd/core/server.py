@@ -127,8 +127,9 @@ class InferenceServer:
             self.wanted.update(names)
         else:
             if self.load_models:
-                log.warning("--load-model is ignored with --model-control-mode %s (every model is loaded)",
-                            self.control_mode)
+                log.warning(
+                    "--load-model is ignored with --model-control-mode %s (every model is loaded)", self.control_mode
+                )
             names = list(sources)
             self.wanted.update(sources)
             self.wanted.update(problems)
@@ -223,7 +224,9 @@ class InferenceServer:
                 raise ModelLoadError(f"model '{name}' has no version folder in {source.path}")
             selected, missing = select_versions(config, source.versions)
             if not selected and not missing:
-                raise ModelLoadError(f"model '{name}': version_policy selects none of the versions {list(source.versions)}")
+                raise ModelLoadError(
+                    f"model '{name}': version_policy selects none of the versions {list(source.versions)}"
+                )
         except ModelLoadError as exc:
             built.reason = str(exc)
             log.error("failed to load '%s': %s", name, exc)
@@ -268,8 +271,13 @@ class InferenceServer:
             if model.state == "UNAVAILABLE":  # stopped already (the server is shutting down)
                 continue
             if model.inflight:
-                log.warning("'%s' version %s: %d request(s) still in flight after %.0fs; stopping it",
-                            model.name, model.version, model.inflight, self.drain_timeout)
+                log.warning(
+                    "'%s' version %s: %d request(s) still in flight after %.0fs; stopping it",
+                    model.name,
+                    model.version,
+                    model.inflight,
+                    self.drain_timeout,
+                )
             model.stop()
 
     async def _unload(self, name: str) -> None:
@@ -323,14 +331,16 @@ class InferenceServer:
             except ModelLoadError as exc:
                 raise InvalidRequest(f"failed to load '{name}': {exc}") from None
             if override.name != name:
-                raise InvalidRequest(
-                    f"failed to load '{name}': the config override names model '{override.name}'"
-                )
+                raise InvalidRequest(f"failed to load '{name}': the config override names model '{override.name}'")
         sources = await self._rescan()
         if name not in sources:
             slot = self.models.get(name)
-            why = slot.reason if slot is not None and slot.reason and slot.reason != "unloaded" else (
-                f"no model named '{name}' in the model repositories ({', '.join(str(r) for r in self.repositories)})"
+            why = (
+                slot.reason
+                if slot is not None and slot.reason and slot.reason != "unloaded"
+                else (
+                    f"no model named '{name}' in the model repositories ({', '.join(str(r) for r in self.repositories)})"
+                )
             )
             raise InvalidRequest(f"failed to load '{name}': {why}")
         self.wanted.add(name)
@@ -372,7 +382,9 @@ class InferenceServer:
             if self._lock(name).locked():
                 continue
             if slot.fingerprint is None or slot.fingerprint != prints[name]:
-                log.info("model '%s' %s in the repository; loading", name, "changed" if slot.fingerprint else "appeared")
+                log.info(
+                    "model '%s' %s in the repository; loading", name, "changed" if slot.fingerprint else "appeared"
+                )
                 jobs.append(self._load(name))
         for name, slot in list(self.models.items()):
             if slot.source is None and slot.versions:
@@ -474,8 +486,9 @@ class InferenceServer:
                     if model is not None:
                         rows.append({"name": name, "version": version, "state": model.state, "reason": model.reason})
                     else:
-                        rows.append({"name": name, "version": version, "state": "UNAVAILABLE",
-                                     "reason": slot.failed[version]})
+                        rows.append(
+                            {"name": name, "version": version, "state": "UNAVAILABLE", "reason": slot.failed[version]}
+                        )
             else:
                 rows.append({"name": name, "state": slot.state, "reason": slot.reason})
         if ready_only:

@@ -45,7 +45,9 @@ class ModelStats:
         #: batch size -> [executions, compute_input ns, compute_infer ns, compute_output ns]
         self.batches: dict[int, list[int]] = {}
 
-    def record_batch(self, rows: int, requests: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+    def record_batch(
+        self, rows: int, requests: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int
+    ) -> None:
         self.execution_count += 1
         self.inference_count += rows
         self.last_inference_ms = time.time_ns() // 1_000_000

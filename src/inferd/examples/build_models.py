@@ -420,13 +420,9 @@ def mixed_model_bytes() -> bytes:
         helper.make_node("Cast", ["x"], ["x_f64"], to=TensorProto.DOUBLE, name="cast_x"),
         helper.make_node("Mul", ["x_f64", "scale"], ["y"], name="mul_scale"),
         helper.make_node("Greater", ["x", "zero"], ["positive"], name="greater_zero"),
-        helper.make_node(
-            "Cast", ["positive"], ["positive_i64"], to=TensorProto.INT64, name="cast_positive"
-        ),
+        helper.make_node("Cast", ["positive"], ["positive_i64"], to=TensorProto.INT64, name="cast_positive"),
         # opset >= 13: ReduceSum takes its axes as an input.
-        helper.make_node(
-            "ReduceSum", ["positive_i64", "axes"], ["n_positive"], keepdims=1, name="reduce_sum"
-        ),
+        helper.make_node("ReduceSum", ["positive_i64", "axes"], ["n_positive"], keepdims=1, name="reduce_sum"),
         helper.make_node("Add", ["n_positive", "k"], ["count"], name="add_k"),
         helper.make_node("Identity", ["text"], ["text_out"], name="identity_text"),
     ]

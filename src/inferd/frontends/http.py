@@ -33,9 +33,7 @@ log = logging.getLogger("inferd.http")
 
 Handler = Callable[["HttpRequest"], None]
 
-_STATUS_LINES = {
-    status.value: f"HTTP/1.1 {status.value} {status.phrase}\r\n".encode() for status in HTTPStatus
-}
+_STATUS_LINES = {status.value: f"HTTP/1.1 {status.value} {status.phrase}\r\n".encode() for status in HTTPStatus}
 #: Pipelined requests buffered per connection before reading pauses (flow control).
 _PIPELINE_HIGH_WATER = 16
 
@@ -87,12 +85,11 @@ class HttpRequest:
         content_type: bytes = b"application/json",
         headers: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
-        """Send the answer. ``body`` may be a list of bytes-like parts, written without joining."""
-        if self.answered:
+        """Send the answer, on the event loop. ``body`` may be a list of bytes-like parts."""
+        data = self._render_once(status, body, content_type, headers)
+        if data is None:
             return
-        self.answered = True
         conn = self._conn
-        data = conn.render(self, status, body, content_type, headers)
         if conn.transport is not None and self is conn._current:
             conn.transport.write(data)
         conn.finished(self)
@@ -105,11 +102,10 @@ class HttpRequest:
         headers: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
         """Like ``respond``, from any thread; ``finish`` must follow on the event loop."""
-        if self.answered:
+        data = self._render_once(status, body, content_type, headers)
+        if data is None:
             return
-        self.answered = True
         conn = self._conn
-        data = conn.render(self, status, body, content_type, headers)
         direct = conn.direct
         # Only plain reads of flags the loop maintains: transport methods are not thread-safe.
         if direct is not None and conn.direct_ok:
@@ -123,6 +119,15 @@ class HttpRequest:
                 return
             data = memoryview(data)[sent:]
         self._unsent = data
+
+    def _render_once(
+        self, status: int, body: bytes | list[Any], content_type: bytes, headers: list[tuple[bytes, bytes]] | None
+    ) -> bytes | None:
+        """The answer's bytes, or None when the request was answered already."""
+        if self.answered:
+            return None
+        self.answered = True
+        return self._conn.render(self, status, body, content_type, headers)
 
     def finish(self) -> None:
         """On the event loop, after ``respond_from_thread``: write what the thread could not, and
@@ -259,9 +264,7 @@ class HttpConnection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         parser = self.parser
         if self._too_large:
-            self._fatal(
-                413, f"request body exceeds the maximum request size of {self.server.max_request_size} bytes"
-            )
+            self._fatal(413, f"request body exceeds the maximum request size of {self.server.max_request_size} bytes")
             return
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         url = self._url.decode("latin-1")

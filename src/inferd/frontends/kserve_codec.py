@@ -11,7 +11,13 @@ from typing import Any
 import numpy as np
 import orjson
 
-from inferd.core.datatypes import ITEMSIZE, NUMPY_TO_V2, V2_TO_NUMPY, deserialize_bytes_tensor, serialize_bytes_tensor
+from inferd.core.datatypes import (
+    ITEMSIZE,
+    NUMPY_TO_V2,
+    V2_TO_NUMPY,
+    deserialize_bytes_tensor,
+    serialize_bytes_tensor,
+)
 from inferd.core.errors import InvalidRequest
 from inferd.core.types import Tensors
 
@@ -88,21 +94,8 @@ def decode_inputs(entries: Any, binary: memoryview | None) -> Tensors:
                     f"input '{name}': binary_data_size {size} runs past the end of the binary data "
                     f"({len(binary) - offset} bytes left)"
                 )
-            chunk = binary[offset:end]
+            array = raw_to_array(name, binary[offset:end], datatype, dtype, shape, count, "binary data")
             offset = end
-            if datatype == "BYTES":
-                try:
-                    array = deserialize_bytes_tensor(chunk, count).reshape(shape)
-                except ValueError as exc:
-                    raise InvalidRequest(f"input '{name}': {exc}") from None
-            else:
-                expected = count * ITEMSIZE[datatype]
-                if size != expected:
-                    raise InvalidRequest(
-                        f"input '{name}' has {size} bytes of binary data but shape {shape} of {datatype} "
-                        f"needs {expected}"
-                    )
-                array = np.frombuffer(chunk, dtype).reshape(shape)
         else:
             if "data" not in entry:
                 raise InvalidRequest(f"input '{name}' has neither 'data' nor binary_data_size")
@@ -114,6 +107,22 @@ def decode_inputs(entries: Any, binary: memoryview | None) -> Tensors:
             "(check binary_data_size and Inference-Header-Content-Length)"
         )
     return inputs
+
+
+def raw_to_array(name: str, data: Any, datatype: str, dtype: np.dtype, shape: Any, count: int, what: str) -> np.ndarray:
+    """A tensor sent as raw bytes (REST binary extension, gRPC ``raw_input_contents``): wrapped
+    without a copy; BYTES elements are 4-byte-length-prefixed. ``what`` names the field in errors."""
+    if datatype == "BYTES":
+        try:
+            return deserialize_bytes_tensor(data, count).reshape(shape)
+        except ValueError as exc:
+            raise InvalidRequest(f"input '{name}': {exc}") from None
+    expected = count * ITEMSIZE[datatype]
+    if len(data) != expected:
+        raise InvalidRequest(
+            f"input '{name}' has {len(data)} bytes of {what} but shape {list(shape)} of {datatype} needs {expected}"
+        )
+    return np.frombuffer(data, dtype).reshape(shape)
 
 
 #: Python types JSON numbers may arrive as, per datatype kind (bool is not an int here).
@@ -137,7 +146,9 @@ def json_to_array(name: str, data: Any, datatype: str, dtype: np.dtype, shape: l
             allowed = _JSON_TYPES[dtype.kind]
             if not found <= allowed:
                 wrong = sorted(t.__name__ for t in found - allowed)
-                raise ValueError(f"elements must be {' or '.join(sorted(t.__name__ for t in allowed))}, not {', '.join(wrong)}")
+                raise ValueError(
+                    f"elements must be {' or '.join(sorted(t.__name__ for t in allowed))}, not {', '.join(wrong)}"
+                )
             array = flat.astype(dtype)
     except (ValueError, TypeError, OverflowError) as exc:
         raise InvalidRequest(f"input '{name}': data is not valid {datatype}: {exc}") from None

@@ -38,10 +38,21 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from inferd.core.datatypes import ITEMSIZE, NUMPY_TO_V2, V2_TO_NUMPY, deserialize_bytes_tensor, serialize_bytes_tensor
-from inferd.core.errors import InferdError, InternalError, InvalidRequest, NotFound, Unavailable
+from inferd.core.datatypes import (
+    NUMPY_TO_V2,
+    V2_TO_NUMPY,
+    serialize_bytes_tensor,
+)
+from inferd.core.errors import (
+    InferdError,
+    InternalError,
+    InvalidRequest,
+    NotFound,
+    Unavailable,
+)
 from inferd.core.server import InferenceServer
 from inferd.core.types import InferRequest, Tensors
+from inferd.frontends.kserve_codec import raw_to_array
 
 log = logging.getLogger("inferd.grpc")
 
@@ -142,20 +153,7 @@ def decode_inputs(request: pb.ModelInferRequest) -> Tensors:
                     f"input '{name}' has data in 'contents' although the request uses raw_input_contents; "
                     "use one or the other for all inputs"
                 )
-            data = raw[index]
-            if datatype == "BYTES":
-                try:
-                    array = deserialize_bytes_tensor(data, count).reshape(shape)
-                except ValueError as exc:
-                    raise InvalidRequest(f"input '{name}': {exc}") from None
-            else:
-                expected = count * ITEMSIZE[datatype]
-                if len(data) != expected:
-                    raise InvalidRequest(
-                        f"input '{name}' has {len(data)} bytes of raw_input_contents but shape {list(shape)} of "
-                        f"{datatype} needs {expected}"
-                    )
-                array = np.frombuffer(data, dtype).reshape(shape)
+            array = raw_to_array(name, raw[index], datatype, dtype, shape, count, "raw_input_contents")
         else:
             array = contents_to_array(name, entry.contents, datatype, dtype, shape, count)
         inputs[name] = array
@@ -422,14 +420,16 @@ class KServeGrpcServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         for key, param in request.parameters.items():
             which = param.WhichOneof("parameter_choice")
             parameters[key] = getattr(param, which) if which else None
-        return await self._control(context, self.server.load_model(request.model_name, parameters),
-                                   pb.RepositoryModelLoadResponse())
+        return await self._control(
+            context, self.server.load_model(request.model_name, parameters), pb.RepositoryModelLoadResponse()
+        )
 
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: Any
     ) -> pb.RepositoryModelUnloadResponse:
-        return await self._control(context, self.server.unload_model(request.model_name),
-                                   pb.RepositoryModelUnloadResponse())
+        return await self._control(
+            context, self.server.unload_model(request.model_name), pb.RepositoryModelUnloadResponse()
+        )
 
     async def _control(self, context: Any, work: Any, response: Any) -> Any:
         try:
@@ -469,9 +469,7 @@ class KServeGrpcServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             context.stream = stream
             if parameters and parameters.get(_FINAL_RESPONSE_REQUEST) is True:
                 context.final_flag = True
-        infer_request = InferRequest(
-            inputs, done, context, requested, request.id or None, parameters, received, finish
-        )
+        infer_request = InferRequest(inputs, done, context, requested, request.id or None, parameters, received, finish)
         # Counted before submit: a request may be answered as soon as it is queued.
         self.frontend.inflight += 1
         if stream is not None:
@@ -639,7 +637,7 @@ class KServeGrpc:
         try:
             # A moment to send the last answers; then whatever is left is cancelled.
             await asyncio.wait_for(asyncio.shield(stopping), max(0.0, deadline - loop.time()) + 1.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await server.stop(None)
             await stopping
         return drained

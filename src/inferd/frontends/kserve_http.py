@@ -35,7 +35,12 @@ class _Context:
     __slots__ = ("http", "model_name", "version", "binary_outputs", "binary_default")
 
     def __init__(
-        self, http: HttpRequest, model_name: str, version: str, binary_outputs: dict[str, bool] | None, binary_default: bool
+        self,
+        http: HttpRequest,
+        model_name: str,
+        version: str,
+        binary_outputs: dict[str, bool] | None,
+        binary_default: bool,
     ) -> None:
         self.http = http
         self.model_name = model_name
@@ -91,7 +96,9 @@ class KServeHttp:
     @staticmethod
     def _expect(request: HttpRequest, method: bytes) -> None:
         if request.method != method:
-            raise _MethodNotAllowed(f"{request.method.decode()} is not allowed on {request.path}; use {method.decode()}")
+            raise _MethodNotAllowed(
+                f"{request.method.decode()} is not allowed on {request.path}; use {method.decode()}"
+            )
 
     def _control_route(self, request: HttpRequest, rest: str) -> None:
         """POST /v2/repository/models/{m}/load and /unload: answered when the work is done."""
