@@ -4,6 +4,8 @@ One command, one run::
 
     python benchmarks/bench_serving.py            # full run (~11 min on 2 cores)
     python benchmarks/bench_serving.py --quick    # smoke run (~1 min)
+    # HTTP vs gRPC (digits-i1, captioning-seed), with and without system shared memory:
+    python benchmarks/bench_serving.py --variants captioning-seed,digits-i1 --shared-memory none,system
 
 For each model it measures, in this order:
 
@@ -13,7 +15,9 @@ For each model it measures, in this order:
    is the ceiling. Plus the raw batch-1 latency (median of many runs);
 2. every server variant of that model (a Triton model repository written to a temp dir),
    each served by every target (by default inferd, plus any other target whose executable
-   is on PATH), loaded by perf_analyzer over HTTP with binary tensors at each concurrency;
+   is on PATH), loaded by perf_analyzer over HTTP with binary tensors (and over gRPC, for the
+   variants of the protocol comparison or with --protocols) at each concurrency, with
+   --shared-memory none (or each mode of --shared-memory);
 3. the raw ceiling again, so that drift of the (shared, noisy) machine during the run shows.
 
 Results (JSON, markdown table, perf_analyzer CSVs and output, server logs) go to
@@ -48,7 +52,14 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from models import RESNET18_CACHE, build_resnet18, write_digits_repository, write_resnet18_repository  # noqa: E402
+from models import (  # noqa: E402
+    CAPTIONING_CACHE,
+    RESNET18_CACHE,
+    build_resnet18,
+    write_captioning_repository,
+    write_digits_repository,
+    write_resnet18_repository,
+)
 
 HOST = "127.0.0.1"
 
@@ -59,16 +70,46 @@ HOST = "127.0.0.1"
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    input: str  # input tensor name
-    shape: tuple[int, ...]  # one sample, without the batch dimension
+    # (tensor name, datatype FP32 | INT64, one sample's shape without the batch dimension)
+    inputs: tuple[tuple[str, str, tuple[int, ...]], ...]
     batch_sizes: tuple[int, ...]  # raw-ceiling sweep
     max_batch_size: int  # what the server variants are configured with (used for warm-up)
+    output_bytes: int = 0  # one sample's outputs (perf_analyzer's --output-shared-memory-size)
+    int_high: int = 1  # INT64 inputs are drawn from [0, int_high) (token ids; a mask is all ones)
 
 
 MODELS: dict[str, ModelSpec] = {
-    "digits": ModelSpec("digits", "input.1", (1, 28, 28), (1, 2, 4, 8, 16, 32, 64), 64),
-    "resnet18": ModelSpec("resnet18", "input", (3, 224, 224), (1, 2, 4, 8), 8),
+    "digits": ModelSpec("digits", (("input.1", "FP32", (1, 28, 28)),), (1, 2, 4, 8, 16, 32, 64), 64, 10 * 4),
+    "resnet18": ModelSpec("resnet18", (("input", "FP32", (3, 224, 224)),), (1, 2, 4, 8), 8, 1000 * 4),
+    # The BLIP-captioning seed (issue 3): its perf_analyzer shapes, sequence length 16.
+    "captioning": ModelSpec(
+        "captioning",
+        (
+            ("pixel_values", "FP32", (3, 384, 384)),
+            ("input_ids", "INT64", (16,)),
+            ("attention_mask", "INT64", (16,)),
+        ),
+        (1, 2, 4, 8),
+        8,
+        16 * 30524 * 4,
+        30524,
+    ),
 }
+
+
+def sample_inputs(spec: ModelSpec, batch: int, rng) -> dict[str, Any]:
+    """Random inputs of ``batch`` samples (FP32 in [0, 1); INT64 ids; masks all ones)."""
+    import numpy as np
+
+    feeds = {}
+    for name, dtype, shape in spec.inputs:
+        if dtype == "FP32":
+            feeds[name] = rng.random((batch, *shape), dtype=np.float32)
+        elif "mask" in name:
+            feeds[name] = np.ones((batch, *shape), np.int64)
+        else:
+            feeds[name] = rng.integers(0, spec.int_high, size=(batch, *shape), dtype=np.int64)
+    return feeds
 
 
 @dataclass(frozen=True)
@@ -77,6 +118,10 @@ class Variant:
     model: str
     description: str
     write: Callable[[Path], Path]  # writes <repo>/<model>, returns the model directory
+    # Default perf_analyzer concurrencies (None: the run's default); --concurrency overrides.
+    concurrency: tuple[int, ...] | None = None
+    # Default protocols (--protocols overrides): the HTTP/gRPC comparison runs both.
+    protocols: tuple[str, ...] = ("http",)
 
 
 VARIANTS: dict[str, Variant] = {
@@ -99,6 +144,7 @@ VARIANTS: dict[str, Variant] = {
             "digits",
             "1 instance, max_batch_size 64, dynamic batching 150 us",
             lambda repo: write_digits_repository(repo, instance_count=1, max_batch_size=64, max_queue_delay_us=150),
+            protocols=("http", "grpc"),
         ),
         Variant(
             "resnet18-i1",
@@ -117,6 +163,14 @@ VARIANTS: dict[str, Variant] = {
             "resnet18",
             "4 instances (more than the cores), max_batch_size 8, dynamic batching 0 us",
             lambda repo: write_resnet18_repository(repo, instance_count=4, max_batch_size=8, max_queue_delay_us=0),
+        ),
+        Variant(
+            "captioning-seed",
+            "captioning",
+            "BLIP-captioning seed's config: 1 instance, max_batch_size 8, preferred 1/2/4/8, 1000 us",
+            write_captioning_repository,
+            concurrency=(1, 2, 4, 8),
+            protocols=("http", "grpc"),
         ),
     )
 }
@@ -201,7 +255,8 @@ TARGETS: dict[str, Target] = {
                 "--model-repository={repo}",
                 "--http-address={host}",
                 "--http-port={http_port}",
-                "--allow-grpc=false",
+                "--grpc-address={host}",
+                "--grpc-port={grpc_port}",
                 "--allow-metrics=false",
                 "--log-warning=true",
                 "--log-info=false",
@@ -219,8 +274,11 @@ CHECKS: list[tuple[str, int, str, float]] = [
     ("resnet18-i1", 8, "fraction_of_ceiling", 0.95),
     ("resnet18-i2", 8, "fraction_of_ceiling", 0.95),
     ("resnet18-i4", 8, "fraction_of_ceiling", 0.95),
-    *[(v, 1, "overhead_ms", 0.3) for v in VARIANTS],
+    # Not for captioning: 1.8 MB in and 2 MB out per request cost more than 0.3 ms on any wire.
+    *[(v, 1, "overhead_ms", 0.3) for v in VARIANTS if VARIANTS[v].model != "captioning"],
 ]
+#: Checks are about the default way of serving: HTTP, no shared memory.
+CHECK_PROTOCOL, CHECK_SHM = "http", "none"
 
 
 @dataclass
@@ -236,10 +294,10 @@ class Settings:
     raw_attempts: int  # a raw sweep flagged noisy by its best slice is repeated, up to this many in all
 
 
-FULL = Settings(2.0, 0.5, 2.0, {"digits": 2000, "resnet18": 4000}, 6, 10, True, 180, 3)
+FULL = Settings(2.0, 0.5, 2.0, {"digits": 2000, "resnet18": 4000, "captioning": 3000}, 6, 10, True, 180, 3)
 NO_STABILITY = 1e5  # a --stability-percentage that any three windows meet
 # A smoke run: three windows per point whatever they say (no stability check, no retry).
-QUICK = Settings(0.25, 0.1, 0.3, {"digits": 250, "resnet18": 750}, 3, NO_STABILITY, False, 120, 1)
+QUICK = Settings(0.25, 0.1, 0.3, {"digits": 250, "resnet18": 750, "captioning": 500}, 3, NO_STABILITY, False, 120, 1)
 QUICK_CONCURRENCY = "1,8,64"
 NOISY_SLICE = 1.25  # raw ceiling flagged noisy when its best slice beats it by this factor ...
 NOISY_DRIFT = 0.10  # ... or when before and after differ by more than this
@@ -253,6 +311,8 @@ def model_file(model: str) -> Path:
     """The ONNX file that the server variants of ``model`` serve."""
     if model == "resnet18":
         return build_resnet18(RESNET18_CACHE)
+    if model == "captioning":
+        return write_captioning_repository(CAPTIONING_CACHE) / "1" / "model.onnx"
     with tempfile.TemporaryDirectory(prefix="inferd-bench-") as tmp:
         src = write_digits_repository(Path(tmp), instance_count=1) / "1" / "model.onnx"
         dst = HERE / ".cache" / "digits.onnx"
@@ -284,7 +344,7 @@ def raw_measure(spec: ModelSpec, path: Path, s: Settings, threads: int) -> dict[
     loadavg = os.getloadavg()[0]
     session = raw_session(path, threads)
     rng = np.random.default_rng(0)
-    feeds = {b: {spec.input: rng.random((b, *spec.shape), dtype=np.float32)} for b in spec.batch_sizes}
+    feeds = {b: sample_inputs(spec, b, rng) for b in spec.batch_sizes}
     rates: dict[int, list[float]] = {b: [] for b in spec.batch_sizes}
     runs_total = dict.fromkeys(spec.batch_sizes, 0)
     time_total = dict.fromkeys(spec.batch_sizes, 0.0)
@@ -307,7 +367,7 @@ def raw_measure(spec: ModelSpec, path: Path, s: Settings, threads: int) -> dict[
                 rates[batch].append(runs * batch / (t1 - t0))
                 runs_total[batch] += runs
                 time_total[batch] += t1 - t0
-        feed = feeds[1] if 1 in feeds else {spec.input: rng.random((1, *spec.shape), dtype=np.float32)}
+        feed = feeds[1] if 1 in feeds else sample_inputs(spec, 1, rng)
         for _ in range(5):
             session.run(None, feed)
         samples: list[float] = []
@@ -387,15 +447,31 @@ _STDOUT_COUNTS = {
 
 
 def run_perf_analyzer(
-    pa: str, spec: ModelSpec, port: int, concurrency: int, s: Settings, work: Path, stem: str
+    pa: str,
+    spec: ModelSpec,
+    port: int,
+    concurrency: int,
+    s: Settings,
+    work: Path,
+    stem: str,
+    protocol: str = "http",
+    shared_memory: str = "none",
 ) -> dict[str, Any]:
-    """One perf_analyzer run at one concurrency.
+    """One perf_analyzer run at one concurrency, over ``protocol`` (``port`` is that protocol's),
+    with ``--shared-memory`` ``shared_memory``.
 
     When perf_analyzer finds no three stable windows within --max-trials (it then writes no CSV),
     it is run once more with no stability bound, and the row is marked "unstable"."""
     csv_path = work / f"{stem}.csv"
     log_path = work / f"{stem}.log"
-    shape = ",".join(map(str, spec.shape))
+    shapes = [a for name, _, shape in spec.inputs for a in ("--shape", f"{name}:{','.join(map(str, shape))}")]
+    wire = (
+        # binary is perf_analyzer's default for HTTP; said explicitly so it never changes under us
+        ["--input-tensor-format=binary", "--output-tensor-format=binary"] if protocol == "http" else []
+    )
+    if shared_memory != "none":
+        wire += ["--shared-memory", shared_memory]
+        wire += ["--output-shared-memory-size", str(max(102400, spec.output_bytes))]
     attempts = [s.stability, NO_STABILITY] if s.unstable_fallback else [s.stability]
     interval_ms = s.measurement_interval_ms[spec.name]
     result: dict[str, Any] = {"status": "error"}
@@ -409,16 +485,13 @@ def run_perf_analyzer(
             "-u",
             f"{HOST}:{port}",
             "-i",
-            "http",
+            protocol,
             "--concurrency-range",
             str(concurrency),
-            "--shape",
-            f"{spec.input}:{shape}",
+            *shapes,
             "--input-data",
             "random",
-            # binary is perf_analyzer's default for HTTP; said explicitly so it never changes under us
-            "--input-tensor-format=binary",
-            "--output-tensor-format=binary",
+            *wire,
             "--measurement-interval",
             str(interval_ms),
             "--max-trials",
@@ -460,6 +533,8 @@ def run_perf_analyzer(
                 result["status"] = "ok" if stability == s.stability else "unstable"
                 break
         result["error"] = _last_lines(out, 3)
+        if rc is not None and rc < 0:  # killed by a signal: its output says nothing about why
+            result["error"] = f"perf_analyzer died of signal {-rc} | " + result["error"]
         if rc is None or "stable" not in out:
             break  # a timeout or a real failure: a looser stability bound would not help
     warnings = list(
@@ -526,23 +601,24 @@ def infer_once(port: int, spec: ModelSpec, batch: int) -> None:
     """One binary-tensor infer request (warm-up and sanity check); raises on failure."""
     import numpy as np
 
-    data = np.zeros((batch, *spec.shape), dtype=np.float32).tobytes()
+    feeds = sample_inputs(spec, batch, np.random.default_rng(batch))
     header = json.dumps(
         {
             "inputs": [
                 {
-                    "name": spec.input,
-                    "shape": [batch, *spec.shape],
-                    "datatype": "FP32",
-                    "parameters": {"binary_data_size": len(data)},
+                    "name": name,
+                    "shape": list(feeds[name].shape),
+                    "datatype": dtype,
+                    "parameters": {"binary_data_size": feeds[name].nbytes},
                 }
+                for name, dtype, _ in spec.inputs
             ],
             "parameters": {"binary_data_output": True},
         }
     ).encode()
     req = urllib.request.Request(
         f"http://{HOST}:{port}/v2/models/{spec.name}/infer",
-        data=header + data,
+        data=header + b"".join(feeds[name].tobytes() for name, _, _ in spec.inputs),
         headers={"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"},
         method="POST",
     )
@@ -557,18 +633,20 @@ class Server:
     log_path: Path
     extra_args: list[str]
     port: int = 0
+    grpc_port: int = 0
     proc: subprocess.Popen | None = None
     log_file: Any = None
     command: list[str] = field(default_factory=list)
 
     def start(self, model: str, timeout: float) -> None:
         self.port = free_port()
+        self.grpc_port = free_port()
         values = {
             "python": sys.executable,
             "host": HOST,
             "http_port": self.port,
             "repo": str(self.repo),
-            "grpc_port": free_port(),
+            "grpc_port": self.grpc_port,
             "metrics_port": free_port(),
         }
         self.command = self.target.full_command(values) + self.extra_args
@@ -680,14 +758,26 @@ def machine_info(pa: str) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default="digits,resnet18", help="comma-separated: %s" % ",".join(MODELS))
+    p.add_argument("--models", default=",".join(MODELS), help="comma-separated: %s" % ",".join(MODELS))
     p.add_argument(
         "--variants", default=None, help="comma-separated: %s (default: all of --models)" % ",".join(VARIANTS)
     )
     p.add_argument(
         "--concurrency",
         default=None,
-        help=f"comma-separated perf_analyzer concurrencies (default: 1,4,8,16,64; --quick: {QUICK_CONCURRENCY})",
+        help=f"comma-separated perf_analyzer concurrencies (default: 1,4,8,16,64; --quick: {QUICK_CONCURRENCY}; "
+        "captioning-seed: 1,2,4,8)",
+    )
+    p.add_argument(
+        "--protocols",
+        default=None,
+        help="comma-separated perf_analyzer protocols, http,grpc, for every variant (default: each variant's own: "
+        "http and grpc for %s, http for the others)" % ", ".join(v for v in VARIANTS if len(VARIANTS[v].protocols) > 1),
+    )
+    p.add_argument(
+        "--shared-memory",
+        default="none",
+        help="comma-separated perf_analyzer --shared-memory modes to measure: none,system (default: none)",
     )
     p.add_argument(
         "--targets",
@@ -750,9 +840,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         variants = [v for v in VARIANTS if VARIANTS[v].model in models]
+    explicit_concurrency = args.concurrency is not None
     if args.concurrency is None:
         args.concurrency = QUICK_CONCURRENCY if args.quick else "1,4,8,16,64"
     concurrencies = [int(c) for c in _csv_list(args.concurrency, None, "concurrency")]
+    protocols = _csv_list(args.protocols, {"http": 1, "grpc": 1}, "protocol") if args.protocols else None
+    shm_modes = _csv_list(args.shared_memory, {"none": 1, "system": 1}, "shared memory mode")
     if args.targets == "auto":
         targets = [t for t in TARGETS if t == "inferd" or (TARGETS[t].requires and shutil.which(TARGETS[t].requires))]
     else:
@@ -773,7 +866,13 @@ def main(argv: list[str] | None = None) -> int:
         "started": _dt.datetime.now().isoformat(timespec="seconds"),
         "command": [sys.executable, *sys.argv] if argv is None else ["bench_serving.py", *argv],
         "mode": "quick" if args.quick else "full",
-        "settings": vars(s) | {"raw_threads": args.raw_threads, "server_args": args.server_arg},
+        "settings": vars(s)
+        | {
+            "raw_threads": args.raw_threads,
+            "server_args": args.server_arg,
+            "protocols": args.protocols or "per variant",
+            "shared_memory": shm_modes,
+        },
         "machine": machine_info(pa),
         "targets": {t: list(TARGETS[t].command) for t in targets},
         "variants": {v: {"model": VARIANTS[v].model, "description": VARIANTS[v].description} for v in variants},
@@ -800,8 +899,14 @@ def main(argv: list[str] | None = None) -> int:
         save()
         _print_raw(model, raw["before"])
         for variant in [v for v in variants if VARIANTS[v].model == model]:
+            v = VARIANTS[variant]
+            plan = {
+                "concurrencies": list(v.concurrency) if v.concurrency and not explicit_concurrency else concurrencies,
+                "protocols": protocols or list(v.protocols),
+                "shared_memory": shm_modes,
+            }
             for target in targets:
-                run_variant(report, TARGETS[target], VARIANTS[variant], spec, concurrencies, pa, s, work, args, save)
+                run_variant(report, TARGETS[target], v, spec, plan, pa, s, work, args, save)
         print(f"[{model}] raw onnxruntime ceiling, again ...", flush=True)
         raw["after"] = raw_phase(model, spec, path, s, args.raw_threads)
         _summarise_raw(raw)
@@ -874,8 +979,13 @@ def _print_raw(model: str, r: dict[str, Any]) -> None:
     )
 
 
-def run_variant(report, target, variant, spec, concurrencies, pa, s, work, args, save) -> None:
+def run_variant(report, target, variant, spec, plan, pa, s, work, args, save) -> None:
+    """One server for the variant; every (shared memory mode, concurrency, protocol) point in turn,
+    the protocols of one concurrency back to back so that they see the same machine."""
     label = f"{target.name}/{variant.name}"
+    points = [
+        (shm, c, proto) for shm in plan["shared_memory"] for c in plan["concurrencies"] for proto in plan["protocols"]
+    ]
     with tempfile.TemporaryDirectory(prefix="inferd-bench-repo-") as tmp:
         repo = Path(tmp)
         variant.write(repo)
@@ -887,26 +997,38 @@ def run_variant(report, target, variant, spec, concurrencies, pa, s, work, args,
             for batch in sorted({1, spec.max_batch_size}):
                 for _ in range(3):
                     infer_once(server.port, spec, batch)
-            for c in concurrencies:
+            for shm, c, proto in points:
                 if server.proc.poll() is not None:
                     raise RuntimeError(f"server died (rc {server.proc.returncode}): {server.tail()}")
-                r = run_perf_analyzer(pa, spec, server.port, c, s, work, f"pa-{target.name}-{variant.name}-c{c}")
-                row = {"target": target.name, "model": spec.name, "variant": variant.name, "concurrency": c, **r}
+                port = server.grpc_port if proto == "grpc" else server.port
+                stem = f"pa-{target.name}-{variant.name}-{proto}-shm{shm}-c{c}"
+                r = run_perf_analyzer(pa, spec, port, c, s, work, stem, protocol=proto, shared_memory=shm)
+                row = {
+                    "target": target.name,
+                    "model": spec.name,
+                    "variant": variant.name,
+                    "protocol": proto,
+                    "shared_memory": shm,
+                    "concurrency": c,
+                    **r,
+                }
                 rows.append(row)
                 report["serving"].append(row)
                 _fill_ratios(report)
                 save()
-                print(f"[{label}] c={c:<3} " + _row_text(row), flush=True)
+                print(f"[{label}] {proto:<4} shm={shm:<6} c={c:<3} " + _row_text(row), flush=True)
         except Exception as exc:  # noqa: BLE001 - one broken variant must not end the run
             print(f"[{label}] FAILED: {exc}", flush=True)
-            done = {r["concurrency"] for r in rows}
-            for c in concurrencies:
-                if c not in done:
+            done = {(r["shared_memory"], r["concurrency"], r["protocol"]) for r in rows}
+            for shm, c, proto in points:
+                if (shm, c, proto) not in done:
                     report["serving"].append(
                         {
                             "target": target.name,
                             "model": spec.name,
                             "variant": variant.name,
+                            "protocol": proto,
+                            "shared_memory": shm,
                             "concurrency": c,
                             "status": "error",
                             "error": str(exc)[:500],
@@ -938,6 +1060,15 @@ def _fill_ratios(report: dict[str, Any]) -> None:
         row["fraction_of_ceiling"] = round(row["infer_per_s"] / raw["ceiling_infer_per_s"], 4)
         if row["concurrency"] == 1 and row.get("p50_ms") is not None:
             row["overhead_ms"] = round(row["p50_ms"] - raw["batch1_latency_ms"], 4)
+    # gRPC infer/s over HTTP infer/s at the same point, on both rows of the pair.
+    pairs: dict[tuple, dict[str, dict[str, Any]]] = {}
+    for row in report["serving"]:
+        key = (row["target"], row["variant"], row.get("shared_memory", "none"), row["concurrency"])
+        pairs.setdefault(key, {})[row.get("protocol", "http")] = row
+    for pair in pairs.values():
+        h, g = pair.get("http", {}), pair.get("grpc", {})
+        if h.get("infer_per_s") and g.get("infer_per_s"):
+            h["grpc_http_ratio"] = g["grpc_http_ratio"] = round(g["infer_per_s"] / h["infer_per_s"], 4)
 
 
 def _row_text(row: dict[str, Any]) -> str:
@@ -959,7 +1090,11 @@ def evaluate_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
                 (
                     r
                     for r in report["serving"]
-                    if r["variant"] == variant and r["concurrency"] == conc and r["target"] == target
+                    if r["variant"] == variant
+                    and r["concurrency"] == conc
+                    and r["target"] == target
+                    and r.get("protocol", "http") == CHECK_PROTOCOL
+                    and r.get("shared_memory", "none") == CHECK_SHM
                 ),
                 None,
             )
@@ -1025,18 +1160,23 @@ def sections(report: dict[str, Any]) -> tuple[str, list[Section], list[str]]:
         )
     )
     multi = len(report["targets"]) > 1
-    head = (["target"] if multi else []) + [
-        "model",
-        "variant",
-        "conc",
-        "infer/s",
-        "p50 ms",
-        "p99 ms",
-        "of-ceiling",
-        "p50-raw ms",
-        "avg batch",
-        "note",
-    ]
+    shm_modes = sorted({r.get("shared_memory", "none") for r in report["serving"]})
+    show_shm = shm_modes != ["none"]
+    head = (
+        (["target"] if multi else [])
+        + ["model", "variant", "proto"]
+        + (["shm"] if show_shm else [])
+        + [
+            "conc",
+            "infer/s",
+            "p50 ms",
+            "p99 ms",
+            "of-ceiling",
+            "p50-raw ms",
+            "avg batch",
+            "note",
+        ]
+    )
     rows = []
     for r in report["serving"]:
         note = ""
@@ -1046,9 +1186,9 @@ def sections(report: dict[str, Any]) -> tuple[str, list[Section], list[str]]:
             note = "ERROR: " + str(r.get("error", ""))[:80]
         rows.append(
             ([r["target"]] if multi else [])
+            + [r["model"], r["variant"], r.get("protocol", "http")]
+            + ([r.get("shared_memory", "none")] if show_shm else [])
             + [
-                r["model"],
-                r["variant"],
                 str(r["concurrency"]),
                 _fmt(r.get("infer_per_s"), ".1f"),
                 _fmt(r.get("p50_ms"), ".3f"),
@@ -1059,8 +1199,18 @@ def sections(report: dict[str, Any]) -> tuple[str, list[Section], list[str]]:
                 note,
             ]
         )
-    off = 1 if multi else 0
-    out.append(("Serving (perf_analyzer, HTTP, binary tensors)", head, rows, {off + i for i in range(2, 9)}))
+    off = (1 if multi else 0) + (1 if show_shm else 0) + 1
+    out.append(
+        (
+            "Serving (perf_analyzer; HTTP with binary tensors, or gRPC)",
+            head,
+            rows,
+            {off + i for i in range(2, 9)},
+        )
+    )
+    comparison = protocol_comparison(report, multi, show_shm)
+    if comparison:
+        out.append(comparison)
     if report.get("checks"):
         rows = []
         for c in report["checks"]:
@@ -1087,8 +1237,49 @@ def sections(report: dict[str, Any]) -> tuple[str, list[Section], list[str]]:
             notes.append(f"server {srv['target']}/{srv['variant']}: exit status {srv['exit_status']}")
     for r in report["serving"]:
         for msg in r.get("perf_analyzer_messages", [])[:3]:
-            notes.append(f"perf_analyzer {r['target']}/{r['variant']} c={r['concurrency']}: {msg[:200]}")
+            where = f"{r['target']}/{r['variant']} {r.get('protocol', 'http')}"
+            if r.get("shared_memory", "none") != "none":
+                where += f" shm={r['shared_memory']}"
+            notes.append(f"perf_analyzer {where} c={r['concurrency']}: {msg[:200]}")
     return summary, out, notes
+
+
+def protocol_comparison(report: dict[str, Any], multi: bool, show_shm: bool) -> Section | None:
+    """gRPC next to HTTP for every point measured over both: throughput, p50/p99 and the ratio
+    gRPC infer/s / HTTP infer/s (above 1: gRPC serves more)."""
+    by_key: dict[tuple, dict[str, dict[str, Any]]] = {}
+    for r in report["serving"]:
+        key = (r["target"], r["model"], r["variant"], r.get("shared_memory", "none"), r["concurrency"])
+        by_key.setdefault(key, {})[r.get("protocol", "http")] = r
+    rows = []
+    for (target, model, variant, shm, conc), pair in by_key.items():
+        if set(pair) != {"http", "grpc"}:
+            continue
+        h, g = pair["http"], pair["grpc"]
+        ratio = g["infer_per_s"] / h["infer_per_s"] if h.get("infer_per_s") and g.get("infer_per_s") else None
+        rows.append(
+            ([target] if multi else [])
+            + [model, variant]
+            + ([shm] if show_shm else [])
+            + [
+                str(conc),
+                _fmt(h.get("infer_per_s"), ".1f"),
+                _fmt(g.get("infer_per_s"), ".1f"),
+                _fmt(ratio, ".2f"),
+                f"{_fmt(h.get('p50_ms'), '.3f')} / {_fmt(g.get('p50_ms'), '.3f')}",
+                f"{_fmt(h.get('p99_ms'), '.3f')} / {_fmt(g.get('p99_ms'), '.3f')}",
+            ]
+        )
+    if not rows:
+        return None
+    head = (
+        (["target"] if multi else [])
+        + ["model", "variant"]
+        + (["shm"] if show_shm else [])
+        + ["conc", "HTTP infer/s", "gRPC infer/s", "gRPC/HTTP", "p50 ms HTTP / gRPC", "p99 ms HTTP / gRPC"]
+    )
+    first = (1 if multi else 0) + 2 + (1 if show_shm else 0)
+    return ("HTTP vs gRPC (same server, same run)", head, rows, {first + i for i in range(6)})
 
 
 def render_markdown(report: dict[str, Any]) -> str:

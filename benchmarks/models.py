@@ -7,6 +7,9 @@
   ``benchmarks/.cache/resnet18.onnx`` (built on first use).
 * ``write_digits_repository(repo, ...)`` -- ``<repo>/digits`` reusing the bundled
   ``src/inferd/examples/repository/digits/1/model.onnx``.
+* ``write_captioning_repository(repo)`` -- ``<repo>/captioning``: the BLIP-captioning seed's
+  I/O signature and config (issue 3), built by ``inferd.examples.build_models.build_captioning``
+  (onnx.helper, small random weights, about 4 MB, a fraction of a second).
 
 Importing this module needs no torch; only ``build_resnet18`` (on a cache miss) does.
 
@@ -24,6 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 CACHE_DIR = HERE / ".cache"
 RESNET18_CACHE = CACHE_DIR / "resnet18.onnx"
+CAPTIONING_CACHE = CACHE_DIR / "captioning-repo"  # a model repository holding only captioning
 BUNDLED_REPOSITORY = HERE.parent / "src" / "inferd" / "examples" / "repository"
 SEED = 0
 ONNX_OPSET = 17
@@ -265,6 +269,20 @@ def write_digits_repository(
         )
     )
     return model_dir
+
+
+def write_captioning_repository(repo: Path) -> Path:
+    """Write ``<repo>/captioning`` (the seed's config.pbtxt verbatim + 1/model.onnx); returns the
+    model directory. ``pixel_values`` FP32 [N,3,384,384], ``input_ids`` / ``attention_mask`` INT64
+    [N,T] -> ``logits`` FP32 [N,T,30524]; max_batch_size 8, one CPU instance, dynamic batching
+    (preferred 1, 2, 4, 8; 1000 us)."""
+    try:
+        from inferd.examples.build_models import build_captioning
+    except ImportError:  # this checkout's inferd, not installed
+        sys.path.insert(0, str(HERE.parent / "src"))
+        from inferd.examples.build_models import build_captioning
+
+    return build_captioning(Path(repo), verbose=False).parent.parent
 
 
 if __name__ == "__main__":

@@ -94,10 +94,25 @@ class Server:
                 status = None
             if status == 200:
                 pending.pop(0)
-            else:
-                time.sleep(0.05)
+                continue
+            if status == 503 and self._failed_to_load(pending[0]):
+                self.fail(f"model '{pending[0]}' failed to load")
+            time.sleep(0.05)
         if pending:
             self.fail(f"models {pending} were not ready within {START_TIMEOUT:.0f}s")
+
+    def _failed_to_load(self, name: str) -> bool:
+        """True once the index shows ``name`` settled as UNAVAILABLE (no point in waiting on)."""
+        try:
+            rows = requests.post(self.url + "/v2/repository/index", timeout=2).json()
+        except (requests.RequestException, ValueError):
+            return False
+        states = [r.get("state") for r in rows if isinstance(r, dict) and r.get("name") == name]
+        return bool(states) and all(state == "UNAVAILABLE" for state in states) and self._log_has_loaded()
+
+    def _log_has_loaded(self) -> bool:
+        # Startup loading is over once the server logged its readiness line.
+        return "server ready" in self.log() or "NOT ready" in self.log()
 
     def wait_loaded(self, deadline: float) -> None:
         """Until the repository index shows that no model is still loading."""

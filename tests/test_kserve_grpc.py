@@ -665,7 +665,7 @@ PROTOCOL_ERRORS = {
         lambda: _typed("FP16", "fp32_contents", [1.0, 2.0], [1, 2], model=identity_name("FP16")),
         "FP16 data can only be sent in raw_input_contents",
     ),
-    "shared-memory": (_shared_memory_input, "shared memory is not supported"),
+    "shared-memory-with-raw": (_shared_memory_input, "every input not in shared memory needs exactly one"),
     "classification": (_classification, "classification extension is not supported"),
     "no-inputs": (_no_inputs, "at least one entry in 'inputs'"),
     "duplicate-input": (_duplicate_input, "input 'INPUT0' is given twice"),
@@ -871,13 +871,9 @@ def test_stream_many_in_flight(models_grpc):
 # --------------------------------------------------------------------------- not implemented
 
 
-# (load_model / unload_model: see tests/test_model_control.py)
+# (load_model / unload_model: see tests/test_model_control.py; shared memory:
+# tests/test_shared_memory.py)
 UNIMPLEMENTED = {
-    "system_shm_status": lambda c: c.get_system_shared_memory_status(),
-    "system_shm_register": lambda c: c.register_system_shared_memory("region", "/key", 64),
-    "system_shm_unregister": lambda c: c.unregister_system_shared_memory("region"),
-    "cuda_shm_status": lambda c: c.get_cuda_shared_memory_status(),
-    "cuda_shm_unregister": lambda c: c.unregister_cuda_shared_memory("region"),
     "trace_settings": lambda c: c.get_trace_settings(),
     "update_trace_settings": lambda c: c.update_trace_settings(settings={"trace_level": ["OFF"]}),
     "log_settings": lambda c: c.get_log_settings(),
@@ -891,12 +887,12 @@ def test_unimplemented(bundled_grpc, call):
     assert "not supported by inferd" in message
 
 
-def test_cuda_shared_memory_register_unimplemented(bundled_stub):
+def test_cuda_shared_memory_register_refused(bundled_stub):
     request = service_pb2.CudaSharedMemoryRegisterRequest(name="region", raw_handle=b"x", device_id=0, byte_size=64)
     message = stub_error(
-        lambda: bundled_stub.CudaSharedMemoryRegister(request, timeout=30), grpc.StatusCode.UNIMPLEMENTED
+        lambda: bundled_stub.CudaSharedMemoryRegister(request, timeout=30), grpc.StatusCode.INVALID_ARGUMENT
     )
-    assert "CUDA shared memory" in message
+    assert "CUDA shared memory is not supported" in message
 
 
 # --------------------------------------------------------------------------- server lifecycle

@@ -89,6 +89,8 @@ class Instance:
         # acquire is as precise as the kernel's futex.
         self.wake = threading.Lock()
         self.wake.acquire()
+        #: set (under the scheduler's lock) when new work woke this instance
+        self.woken = False
         self.thread: threading.Thread | None = None
 
 
@@ -116,6 +118,8 @@ class Scheduler:
         self.executing = 0
         #: requests in the batch dispatched last: more than one means clients are concurrent
         self.last_batch = 0
+        #: instances woken for new work that have not taken it yet
+        self.waking = 0
         #: requests whose queue timeout passed, to be failed outside the lock
         self.expired: list[InferRequest] = []
         #: computed batches whose answers the responder thread sends
@@ -146,14 +150,18 @@ class Scheduler:
         with self.lock:
             if not self.running:
                 raise Unavailable(f"model '{self.model_name}' is shutting down")
-            if policy.max_queue_size and len(self.queue) >= policy.max_queue_size:
+            # Requests that a just-woken instance is about to take are not waiting in the queue.
+            if policy.max_queue_size and len(self.queue) - self.waking >= policy.max_queue_size:
                 raise Unavailable(
                     f"exceeds maximum queue size: model '{self.model_name}' already has "
                     f"{policy.max_queue_size} requests queued (max_queue_size)"
                 )
             self.queue.append(request)
             if self.idle:
-                self.idle.pop().wake.release()
+                instance = self.idle.pop()
+                instance.woken = True
+                self.waking += 1
+                instance.wake.release()
 
     def start(self) -> None:
         self._responder = threading.Thread(target=self._respond, name=f"inferd-{self.model_name}-reply", daemon=True)
@@ -263,6 +271,9 @@ class Scheduler:
             with lock:
                 self.executing -= finished
                 finished = 0
+                if instance.woken:
+                    instance.woken = False
+                    self.waking -= 1
                 if not self.running:
                     return
                 batch, wait_ns = self._next_batch(instance)

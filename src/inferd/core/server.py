@@ -22,12 +22,20 @@ from inferd import __version__
 from inferd.config.model_config import ModelConfig, parse_config_text, read_config
 from inferd.core.errors import InvalidRequest, ModelLoadError, NotFound, Unavailable
 from inferd.core.model import Model
+from inferd.core.shared_memory import SharedMemoryRegistry
 from inferd.repository.repository import ModelSource, fingerprint, read_source, scan
 
 log = logging.getLogger("inferd.server")
 
 #: The protocol extensions the server metadata advertises.
-EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "schedule_policy", "model_repository"]
+EXTENSIONS = [
+    "binary_tensor_data",
+    "statistics",
+    "model_configuration",
+    "schedule_policy",
+    "model_repository",
+    "system_shared_memory",
+]
 
 CONTROL_MODES = ("none", "poll", "explicit")
 
@@ -106,6 +114,8 @@ class InferenceServer:
         self._poll_task: asyncio.Task | None = None
         #: versions swapped out and waiting for their in-flight requests (stopped at shutdown too)
         self._retiring: set[Model] = set()
+        #: registered system shared memory regions (used on the event loop)
+        self.shared_memory = SharedMemoryRegistry()
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:

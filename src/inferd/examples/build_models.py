@@ -18,6 +18,12 @@ Models:
   ``y`` FP64 [N,4] = x * scale, ``positive`` BOOL [N,4] = x > 0,
   ``count`` INT64 [N,1] = sum(positive, axis=1) + k, ``text_out`` BYTES [N,1] = text.
 
+Not in the bundled repository (about 4 MB), built on demand by ``build_captioning(repo)``:
+
+* ``captioning`` -- the I/O signature and config of a Triton user's BLIP image captioning
+  model (issue 3), small random weights (``onnx.helper``): ``pixel_values`` FP32
+  [N,3,384,384], ``input_ids`` / ``attention_mask`` INT64 [N,T] -> ``logits`` FP32 [N,T,30524].
+
 Usage::
 
     python -m inferd.examples.build_models [--out DIR] [--only digits simple mixed]
@@ -477,6 +483,135 @@ def build_mixed(repo: Path, verbose: bool = True) -> Path:
     path = _write_model_dir(repo, "mixed", MIXED_CONFIG, model_bytes)
     if verbose:
         print(f"mixed: {len(model_bytes)} bytes -> {path}")
+    return path
+
+
+# --------------------------------------------------------------------------- captioning
+
+#: The BLIP-captioning seed's config (issue 3), verbatim apart from line breaks.
+CAPTIONING_CONFIG = """\
+name: "captioning"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [
+  { name: "pixel_values" data_type: TYPE_FP32 dims: [ 3, 384, 384 ] },
+  { name: "input_ids" data_type: TYPE_INT64 dims: [ -1 ] },
+  { name: "attention_mask" data_type: TYPE_INT64 dims: [ -1 ] }
+]
+output [ { name: "logits" data_type: TYPE_FP32 dims: [ -1, 30524 ] } ]
+instance_group [ { kind: KIND_CPU } ]
+dynamic_batching { preferred_batch_size: [ 1, 2, 4, 8 ] max_queue_delay_microseconds: 1000 }
+"""
+CAPTIONING_VOCAB = 30524
+CAPTIONING_IMAGE = 384
+CAPTIONING_DIM = 16  # embedding width: two 30524x16 FP32 matrices, about 3.9 MB in all
+CAPTIONING_PATCH = 32  # the image encoder's strided conv: 12x12 patches of 32x32 pixels
+CAPTIONING_CHANNELS = 8
+
+
+def captioning_model_bytes() -> bytes:
+    """A captioning-shaped model with the BLIP seed's I/O signature, small random weights:
+
+    ``pixel_values`` FP32 [N,3,384,384], ``input_ids`` INT64 [N,T], ``attention_mask`` INT64 [N,T]
+    -> ``logits`` FP32 [N,T,30524], with
+
+    * image = mean over patches of a strided (32x32, stride 32) conv, 3 -> 8 channels, then a
+      projection to ``CAPTIONING_DIM``: [N,D];
+    * tokens = embedding(input_ids mod 30524) * attention_mask: [N,T,D] (any INT64 is an id, so
+      perf_analyzer's random input data works);
+    * logits = tanh(tokens + image) @ W + b: [N,T,30524].
+
+    Cheap on CPU: the largest cost is reading the image and writing the logits.
+    """
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(SEED)
+    d, c, k = CAPTIONING_DIM, CAPTIONING_CHANNELS, CAPTIONING_PATCH
+
+    def weight(name: str, shape: tuple[int, ...], scale: float) -> onnx.TensorProto:
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+
+    initializers = [
+        weight("conv_w", (c, 3, k, k), 1.0 / (3 * k * k) ** 0.5),
+        weight("conv_b", (c,), 0.1),
+        weight("img_w", (c, d), 1.0 / c**0.5),
+        weight("embedding", (CAPTIONING_VOCAB, d), 1.0),
+        weight("out_w", (d, CAPTIONING_VOCAB), 1.0 / d**0.5),
+        weight("out_b", (CAPTIONING_VOCAB,), 0.1),
+        helper.make_tensor("axis1", TensorProto.INT64, [1], [1]),
+        helper.make_tensor("axis2", TensorProto.INT64, [1], [2]),
+        helper.make_tensor("vocab", TensorProto.INT64, [], [CAPTIONING_VOCAB]),
+    ]
+    nodes = [
+        helper.make_node(
+            "Conv", ["pixel_values", "conv_w", "conv_b"], ["patches"], kernel_shape=[k, k], strides=[k, k]
+        ),
+        helper.make_node("Relu", ["patches"], ["patches_relu"]),
+        helper.make_node("GlobalAveragePool", ["patches_relu"], ["pooled"]),  # [N,C,1,1]
+        helper.make_node("Flatten", ["pooled"], ["pooled_flat"], axis=1),  # [N,C]
+        helper.make_node("MatMul", ["pooled_flat", "img_w"], ["image"]),  # [N,D]
+        helper.make_node("Unsqueeze", ["image", "axis1"], ["image_t"]),  # [N,1,D]
+        # Any INT64 is a valid id (Mod into [0, vocab)): perf_analyzer's random data is not in range.
+        helper.make_node("Mod", ["input_ids", "vocab"], ["ids"], fmod=0),
+        helper.make_node("Gather", ["embedding", "ids"], ["tokens"], axis=0),  # [N,T,D]
+        helper.make_node("Cast", ["attention_mask"], ["mask_f"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["mask_f", "axis2"], ["mask_t"]),  # [N,T,1]
+        helper.make_node("Mul", ["tokens", "mask_t"], ["masked"]),
+        helper.make_node("Add", ["masked", "image_t"], ["hidden_pre"]),
+        helper.make_node("Tanh", ["hidden_pre"], ["hidden"]),
+        helper.make_node("MatMul", ["hidden", "out_w"], ["projected"]),  # [N,T,V]
+        helper.make_node("Add", ["projected", "out_b"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "captioning",
+        [
+            helper.make_tensor_value_info(
+                "pixel_values", TensorProto.FLOAT, ["N", 3, CAPTIONING_IMAGE, CAPTIONING_IMAGE]
+            ),
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["N", "T"]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["N", "T"]),
+        ],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", "T", CAPTIONING_VOCAB])],
+        initializer=initializers,
+    )
+    model = helper.make_model(
+        graph,
+        producer_name="inferd.examples.build_models",
+        opset_imports=[helper.make_opsetid("", ONNX_OPSET)],
+        ir_version=ONNX_IR_VERSION,
+    )
+    return model.SerializeToString()
+
+
+def captioning_inputs(batch: int, seq_len: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs for the captioning model (the mask zeroes the last quarter of each row)."""
+    rng = np.random.default_rng(seed)
+    mask = np.ones((batch, seq_len), np.int64)
+    mask[:, seq_len - seq_len // 4 :] = 0
+    return {
+        "pixel_values": rng.random((batch, 3, CAPTIONING_IMAGE, CAPTIONING_IMAGE), dtype=np.float32),
+        "input_ids": rng.integers(0, CAPTIONING_VOCAB, size=(batch, seq_len), dtype=np.int64),
+        "attention_mask": mask,
+    }
+
+
+def build_captioning(repo: Path, verbose: bool = True) -> Path:
+    """Write ``<repo>/captioning`` (the seed's config.pbtxt + 1/model.onnx, about 4 MB: not part
+    of the bundled repository); checks in ONNX Runtime that batch 1 and 2 at sequence length 16
+    give logits [N,16,30524]. Returns the model file."""
+    model_bytes = captioning_model_bytes()
+    _check_onnx(model_bytes)
+    session = _ort_session(model_bytes)
+    for batch in (1, 2):
+        feeds = captioning_inputs(batch, 16, seed=batch)
+        (logits,) = session.run(["logits"], feeds)
+        assert logits.shape == (batch, 16, CAPTIONING_VOCAB) and logits.dtype == np.float32, logits.shape
+        assert np.isfinite(logits).all()
+    path = _write_model_dir(Path(repo), "captioning", CAPTIONING_CONFIG, model_bytes)
+    if verbose:
+        print(f"captioning: {len(model_bytes)} bytes -> {path}")
     return path
 
 

@@ -19,6 +19,7 @@ from inferd.core.datatypes import (
     serialize_bytes_tensor,
 )
 from inferd.core.errors import InvalidRequest
+from inferd.core.shared_memory import SharedMemoryRegistry
 from inferd.core.types import Tensors
 
 _NUMPY_OPTION = orjson.OPT_SERIALIZE_NUMPY
@@ -51,8 +52,11 @@ def split_body(body: bytes, header_length: bytes | None) -> tuple[dict[str, Any]
     return header, binary
 
 
-def decode_inputs(entries: Any, binary: memoryview | None) -> Tensors:
-    """The ``inputs`` of a request as numpy arrays (binary data is wrapped, not copied)."""
+def decode_inputs(
+    entries: Any, binary: memoryview | None, shared_memory: SharedMemoryRegistry | None = None
+) -> Tensors:
+    """The ``inputs`` of a request as numpy arrays (binary and shared-memory data is wrapped, not
+    copied)."""
     if type(entries) is not list or not entries:
         raise InvalidRequest("the request must have a non-empty 'inputs' list")
     inputs: Tensors = {}
@@ -79,8 +83,16 @@ def decode_inputs(entries: Any, binary: memoryview | None) -> Tensors:
             raise InvalidRequest(f"input '{name}' is given twice")
         count = prod(shape)
         params = entry.get("parameters")
-        size = params.get("binary_data_size") if type(params) is dict else None
-        if size is not None:
+        if params is not None and type(params) is not dict:
+            raise InvalidRequest(f"input '{name}': 'parameters' must be an object")
+        size = params.get("binary_data_size") if params else None
+        if params and "shared_memory_region" in params:
+            if size is not None or "data" in entry:
+                raise InvalidRequest(
+                    f"input '{name}' names a shared memory region and also has data; send one or the other"
+                )
+            array = shm_input(shared_memory, name, params, datatype, dtype, shape, count)
+        elif size is not None:
             if binary is None:
                 raise InvalidRequest(
                     f"input '{name}' has binary_data_size but the request has no binary part "
@@ -125,6 +137,74 @@ def raw_to_array(name: str, data: Any, datatype: str, dtype: np.dtype, shape: An
     return np.frombuffer(data, dtype).reshape(shape)
 
 
+# --------------------------------------------------------------------------- shared memory
+
+
+def _shm_location(name: str, what: str, params: dict[str, Any]) -> tuple[str, int, int]:
+    """The region, byte size and offset that ``params`` give for a tensor (checked)."""
+    region = params.get("shared_memory_region")
+    size = params.get("shared_memory_byte_size")
+    offset = params.get("shared_memory_offset", 0)
+    if type(region) is not str or not region:
+        raise InvalidRequest(f"{what} '{name}': shared_memory_region must be a non-empty string")
+    if size is None:
+        raise InvalidRequest(f"{what} '{name}': shared_memory_byte_size is required with shared_memory_region")
+    for label, value in (("shared_memory_byte_size", size), ("shared_memory_offset", offset)):
+        if type(value) is not int or value < 0:
+            raise InvalidRequest(f"{what} '{name}': {label} must be a non-negative integer")
+    return region, size, offset
+
+
+def is_shm(params: Any) -> bool:
+    """Whether a tensor's parameters put it in shared memory."""
+    return bool(params) and "shared_memory_region" in params
+
+
+def shm_input(
+    shared_memory: SharedMemoryRegistry | None,
+    name: str,
+    params: dict[str, Any],
+    datatype: str,
+    dtype: np.dtype,
+    shape: Any,
+    count: int,
+) -> np.ndarray:
+    """An input read from a registered shared memory region: a view of the mapping, no copy."""
+    region_name, size, offset = _shm_location(name, "input", params)
+    if shared_memory is None:
+        raise InvalidRequest(f"input '{name}': shared memory is not available here")
+    data = shared_memory.get(region_name).slice(offset, size)
+    return raw_to_array(name, data, datatype, dtype, shape, count, f"shared memory region '{region_name}'")
+
+
+def shm_output(shared_memory: SharedMemoryRegistry | None, name: str, params: dict[str, Any]) -> tuple[str, memoryview]:
+    """Where an output asked for in shared memory goes: its region's name and a writable view."""
+    region_name, size, offset = _shm_location(name, "output", params)
+    if shared_memory is None:
+        raise InvalidRequest(f"output '{name}': shared memory is not available here")
+    return region_name, shared_memory.get(region_name).slice(offset, size)
+
+
+def write_shm_output(name: str, array: np.ndarray, target: memoryview) -> int:
+    """Copy an output into its shared memory view; returns the bytes written."""
+    if array.dtype == np.object_ or array.dtype.kind in "SU":
+        data = serialize_bytes_tensor(array)
+        nbytes = len(data)
+    else:
+        data = None
+        nbytes = array.nbytes
+    if nbytes > len(target):
+        raise InvalidRequest(
+            f"shared memory size specified with the request for output '{name}' ({len(target)} bytes) should be "
+            f"at least {nbytes} bytes to hold the results"
+        )
+    if data is not None:
+        target[:nbytes] = data
+    elif nbytes:
+        np.copyto(np.frombuffer(target[:nbytes], dtype=array.dtype).reshape(array.shape), array)
+    return nbytes
+
+
 #: Python types JSON numbers may arrive as, per datatype kind (bool is not an int here).
 _JSON_TYPES = {"b": {bool}, "i": {int}, "u": {int}, "f": {int, float}}
 
@@ -165,12 +245,21 @@ def encode_response(
     binary_outputs: dict[str, bool] | None,
     binary_default: bool,
     parameters: dict[str, Any] | None = None,
+    shm_outputs: dict[str, tuple[str, memoryview]] | None = None,
 ) -> tuple[bytes, list[Any]]:
-    """The JSON header of a response and the binary parts that follow it (empty if all JSON)."""
+    """The JSON header of a response and the binary parts that follow it (empty if all JSON).
+    Outputs in ``shm_outputs`` are written into their shared memory region and answered with
+    their name, datatype and shape only."""
     entries = []
     parts: list[Any] = []
     for name, array in outputs.items():
         datatype = NUMPY_TO_V2.get(array.dtype, "BYTES")
+        if shm_outputs and name in shm_outputs:
+            # As Triton: no data and no parameters (Triton's C++ client reads any output that
+            # has parameters as a binary part, so they would break perf_analyzer).
+            write_shm_output(name, array, shm_outputs[name][1])
+            entries.append({"name": name, "datatype": datatype, "shape": array.shape})
+            continue
         binary = binary_outputs.get(name, binary_default) if binary_outputs else binary_default
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": array.shape}
         if binary:

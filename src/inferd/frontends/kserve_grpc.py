@@ -6,9 +6,14 @@ end, and talks to the same core: ``InferenceServer`` for the queries, ``Model.su
 inference (so validation, scheduling, statistics and error messages are the REST ones).
 
 Inference: inputs come from ``raw_input_contents`` (wrapped by ``numpy.frombuffer``; BYTES are
-4-byte-length-prefixed, as in the REST binary extension) or from the typed ``contents`` fields;
-outputs always go back in ``raw_output_contents`` (what Triton does and ``InferResult.as_numpy``
-reads). The response protobuf is built on the instance thread (``done``); the RPC's future is
+4-byte-length-prefixed, as in the REST binary extension), from the typed ``contents`` fields, or
+from a registered system shared memory region (``shared_memory_region`` / ``_byte_size`` /
+``_offset`` parameters; such inputs have no ``raw_input_contents`` entry, as tritonclient sends
+them); outputs go back in ``raw_output_contents`` (what Triton does and ``InferResult.as_numpy``
+reads), except those asked for in shared memory: they are written into their region and
+answered with the region and the bytes written as parameters and an empty raw contents entry (as
+Triton: every output has one, so ``raw_output_contents[i]`` is always ``outputs[i]``'s; Triton's
+C++ client, perf_analyzer's, indexes it without checking). The response protobuf is built on the instance thread (``done``); the RPC's future is
 resolved on the event loop (``finish``). Streams answer each request with a
 ``ModelStreamInferResponse`` in completion order, carrying the request ``id``; a bad message gets
 its ``error_message`` and the stream stays open.
@@ -18,8 +23,9 @@ body; a larger one is refused with RESOURCE_EXHAUSTED by gRPC itself). Responses
 (up to gRPC's 2 GiB), as Triton does, so a model may answer with more than it was sent.
 
 Repository load/unload follow --model-control-mode (refused unless explicit, as Triton).
-Not implemented (UNIMPLEMENTED with a message saying so): shared memory
-(system and CUDA), trace and log settings.
+System shared memory status/register/unregister share the REST front end's registry. CUDA
+shared memory: status lists no regions, unregister succeeds (nothing to do), register answers
+INVALID_ARGUMENT. Not implemented (UNIMPLEMENTED with a message saying so): trace and log settings.
 """
 
 from __future__ import annotations
@@ -51,8 +57,9 @@ from inferd.core.errors import (
     Unavailable,
 )
 from inferd.core.server import InferenceServer
+from inferd.core.shared_memory import SharedMemoryRegistry
 from inferd.core.types import InferRequest, Tensors
-from inferd.frontends.kserve_codec import raw_to_array
+from inferd.frontends.kserve_codec import is_shm, raw_to_array, shm_input, shm_output, write_shm_output
 
 log = logging.getLogger("inferd.grpc")
 
@@ -114,19 +121,23 @@ def parameters_dict(params: Any) -> dict[str, Any] | None:
     return {key: parameter_value(value) for key, value in params.items()}
 
 
-def decode_inputs(request: pb.ModelInferRequest) -> Tensors:
-    """The inputs of a ModelInferRequest as numpy arrays (raw contents wrapped, not copied)."""
+def decode_inputs(request: pb.ModelInferRequest, shared_memory: SharedMemoryRegistry | None = None) -> Tensors:
+    """The inputs of a ModelInferRequest as numpy arrays (raw contents and shared memory wrapped,
+    not copied). Inputs in shared memory have no raw_input_contents entry."""
     entries = request.inputs
     if not entries:
         raise InvalidRequest("the request must have at least one entry in 'inputs'")
     raw = request.raw_input_contents
     use_raw = len(raw) > 0
-    if use_raw and len(raw) != len(entries):
+    in_shm = [bool(entry.parameters) and "shared_memory_region" in entry.parameters for entry in entries]
+    with_data = len(entries) - sum(in_shm)
+    if use_raw and len(raw) != with_data:
         raise InvalidRequest(
-            f"the request has {len(entries)} inputs but {len(raw)} raw_input_contents: with raw_input_contents, "
-            "every input needs exactly one, in the order of 'inputs'"
+            f"the request has {with_data} inputs but {len(raw)} raw_input_contents: with raw_input_contents, "
+            "every input not in shared memory needs exactly one, in the order of 'inputs'"
         )
     inputs: Tensors = {}
+    raw_index = 0
     for index, entry in enumerate(entries):
         name = entry.name
         datatype = entry.datatype
@@ -140,20 +151,23 @@ def decode_inputs(request: pb.ModelInferRequest) -> Tensors:
         shape = tuple(entry.shape)
         if any(d < 0 for d in shape):
             raise InvalidRequest(f"input '{name}' needs a shape of non-negative integers, not {list(shape)}")
-        if entry.parameters:
-            for key in entry.parameters:
-                if key.startswith("shared_memory"):
-                    raise InvalidRequest(
-                        f"input '{name}': shared memory is not supported; send the data in raw_input_contents"
-                    )
         count = prod(shape)
-        if use_raw:
+        if in_shm[index]:
+            if entry.HasField("contents"):
+                raise InvalidRequest(
+                    f"input '{name}' names a shared memory region and also has data in 'contents'; "
+                    "send one or the other"
+                )
+            params = parameters_dict(entry.parameters) or {}
+            array = shm_input(shared_memory, name, params, datatype, dtype, shape, count)
+        elif use_raw:
             if entry.HasField("contents"):
                 raise InvalidRequest(
                     f"input '{name}' has data in 'contents' although the request uses raw_input_contents; "
                     "use one or the other for all inputs"
                 )
-            array = raw_to_array(name, raw[index], datatype, dtype, shape, count, "raw_input_contents")
+            array = raw_to_array(name, raw[raw_index], datatype, dtype, shape, count, "raw_input_contents")
+            raw_index += 1
         else:
             array = contents_to_array(name, entry.contents, datatype, dtype, shape, count)
         inputs[name] = array
@@ -199,30 +213,37 @@ def contents_to_array(
     return gathered.astype(dtype).reshape(shape)
 
 
-def requested_outputs(request: pb.ModelInferRequest) -> list[str] | None:
+def requested_outputs(
+    request: pb.ModelInferRequest, shared_memory: SharedMemoryRegistry | None = None
+) -> tuple[list[str] | None, dict[str, tuple[str, memoryview]] | None]:
+    """The outputs asked for, and where those asked for in shared memory go."""
     names: list[str] = []
+    shm: dict[str, tuple[str, memoryview]] = {}
     for entry in request.outputs:
         name = entry.name
         params = entry.parameters
         if params:
             if "classification" in params and parameter_value(params["classification"]):
                 raise InvalidRequest(f"output '{name}': the classification extension is not supported")
-            for key in params:
-                if key.startswith("shared_memory"):
-                    raise InvalidRequest(
-                        f"output '{name}': shared memory is not supported; outputs come in raw_output_contents"
-                    )
+            if is_shm(params):
+                shm[name] = shm_output(shared_memory, name, parameters_dict(params) or {})
         names.append(name)
-    return names or None
+    return names or None, shm or None
 
 
 # --------------------------------------------------------------------------- response encoding
 
 
 def fill_response(
-    response: pb.ModelInferResponse, model_name: str, version: str, request_id: str | None, outputs: Tensors
+    response: pb.ModelInferResponse,
+    model_name: str,
+    version: str,
+    request_id: str | None,
+    outputs: Tensors,
+    shm_outputs: dict[str, tuple[str, memoryview]] | None = None,
 ) -> None:
-    """Every output in ``raw_output_contents`` with its datatype and shape (Triton's layout)."""
+    """Every output in ``raw_output_contents`` with its datatype and shape (Triton's layout);
+    outputs in ``shm_outputs`` are written into their region instead, with an empty raw entry."""
     response.model_name = model_name
     response.model_version = version
     if request_id:
@@ -235,13 +256,30 @@ def fill_response(
         tensor.name = name
         tensor.datatype = datatype
         tensor.shape.extend(array.shape)
+        if shm_outputs and name in shm_outputs:
+            region, target = shm_outputs[name]
+            written = write_shm_output(name, array, target)
+            tensor.parameters["shared_memory_region"].string_param = region
+            tensor.parameters["shared_memory_byte_size"].int64_param = written
+            raw.append(b"")
+            continue
         raw.append(serialize_bytes_tensor(array) if datatype == "BYTES" else array.tobytes())
 
 
 class _Context:
     """What the front end remembers about a request while the core runs it."""
 
-    __slots__ = ("frontend", "model_name", "version", "future", "stream", "response", "error", "final_flag")
+    __slots__ = (
+        "frontend",
+        "model_name",
+        "version",
+        "future",
+        "stream",
+        "response",
+        "error",
+        "final_flag",
+        "shm_outputs",
+    )
 
     def __init__(self, frontend: KServeGrpc, model_name: str, version: str) -> None:
         self.frontend = frontend
@@ -252,6 +290,8 @@ class _Context:
         self.response: Any = None
         self.error: InferdError | None = None
         self.final_flag = False
+        #: outputs to write into shared memory: name -> (region, writable view)
+        self.shm_outputs: dict[str, tuple[str, memoryview]] | None = None
 
 
 def _complete_unary(request: InferRequest, outputs: Tensors | None, error: InferdError | None) -> None:
@@ -263,8 +303,10 @@ def _complete_unary(request: InferRequest, outputs: Tensors | None, error: Infer
     assert outputs is not None
     try:
         response = pb.ModelInferResponse()
-        fill_response(response, context.model_name, context.version, request.id, outputs)
+        fill_response(response, context.model_name, context.version, request.id, outputs, context.shm_outputs)
         context.response = response
+    except InferdError as exc:  # e.g. an output that does not fit its shared memory region
+        context.error = exc
     except Exception as exc:
         log.exception("failed to encode the response of model '%s'", context.model_name)
         context.error = InternalError(f"failed to encode the response: {exc}")
@@ -286,9 +328,14 @@ def _complete_stream(request: InferRequest, outputs: Tensors | None, error: Infe
     if error is None:
         assert outputs is not None
         try:
-            fill_response(message.infer_response, context.model_name, context.version, request.id, outputs)
+            fill_response(
+                message.infer_response, context.model_name, context.version, request.id, outputs, context.shm_outputs
+            )
             if context.final_flag:
                 message.infer_response.parameters[_FINAL_RESPONSE].bool_param = True
+        except InferdError as exc:
+            error = exc
+            message = pb.ModelStreamInferResponse()
         except Exception as exc:
             log.exception("failed to encode the response of model '%s'", context.model_name)
             error = InternalError(f"failed to encode the response: {exc}")
@@ -457,10 +504,12 @@ class KServeGrpcServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         """Decode and queue one request (on the event loop); raises InferdError when refused."""
         received = perf_counter_ns()
         model = self.server.model(request.model_name, request.model_version or None)
-        inputs = decode_inputs(request)
-        requested = requested_outputs(request)
+        shared_memory = self.server.shared_memory
+        inputs = decode_inputs(request, shared_memory)
+        requested, shm_outputs = requested_outputs(request, shared_memory)
         parameters = parameters_dict(request.parameters)
         context = _Context(self.frontend, model.name, model.version_str)
+        context.shm_outputs = shm_outputs
         if stream is None:
             done, finish = _complete_unary, _finish_unary
             context.future = asyncio.get_running_loop().create_future()
@@ -548,23 +597,48 @@ class KServeGrpcServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def _unimplemented(self, context: Any, what: str) -> None:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not supported by inferd")
 
+    # -- shared memory ---------------------------------------------------------------------
     async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        await self._unimplemented(context, "system shared memory")
+        return await self._answer(context, self._system_shm_status, request)
+
+    def _system_shm_status(self, request: pb.SystemSharedMemoryStatusRequest) -> Any:
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in self.server.shared_memory.status(request.name or None):
+            entry = response.regions[region["name"]]
+            entry.name = region["name"]
+            entry.key = region["key"]
+            entry.offset = region["offset"]
+            entry.byte_size = region["byte_size"]
+        return response
 
     async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        await self._unimplemented(context, "system shared memory")
+        return await self._answer(context, self._system_shm_register, request)
+
+    def _system_shm_register(self, request: pb.SystemSharedMemoryRegisterRequest) -> Any:
+        self.server.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
-        await self._unimplemented(context, "system shared memory")
+        self.server.shared_memory.unregister(request.name or None)
+        return pb.SystemSharedMemoryUnregisterResponse()
 
+    # CUDA shared memory: no GPU memory here, so there are never any regions. Status and
+    # unregister answer that truthfully (clients such as perf_analyzer unregister both kinds when
+    # they clean up); registering is refused.
     async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        await self._unimplemented(context, "CUDA shared memory")
+        if request.name:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"Unable to find CUDA shared memory region: '{request.name}'"
+            )
+        return pb.CudaSharedMemoryStatusResponse()
 
     async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        await self._unimplemented(context, "CUDA shared memory")
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT, "CUDA shared memory is not supported by inferd (use system shared memory)"
+        )
 
     async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
-        await self._unimplemented(context, "CUDA shared memory")
+        return pb.CudaSharedMemoryUnregisterResponse()
 
     async def TraceSetting(self, request: Any, context: Any) -> Any:
         await self._unimplemented(context, "the trace extension (TraceSetting)")
