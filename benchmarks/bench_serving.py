@@ -2,7 +2,7 @@
 
 One command, one run::
 
-    python benchmarks/bench_serving.py            # full run (~11 min on 2 cores)
+    python benchmarks/bench_serving.py            # full run (~20 min on 2 cores)
     python benchmarks/bench_serving.py --quick    # smoke run (~1 min)
     # HTTP vs gRPC (digits-i1, captioning-seed), with and without system shared memory:
     python benchmarks/bench_serving.py --variants captioning-seed,digits-i1 --shared-memory none,system
