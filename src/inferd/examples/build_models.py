@@ -370,6 +370,19 @@ def build_digits(repo: Path, verbose: bool = True) -> Path:
 # --------------------------------------------------------------------------- simple
 
 
+def _serialize(graph) -> bytes:
+    """An ONNX model of ``graph`` at the opset and IR version every example uses."""
+    from onnx import helper
+
+    model = helper.make_model(
+        graph,
+        producer_name="inferd.examples.build_models",
+        opset_imports=[helper.make_opsetid("", ONNX_OPSET)],
+        ir_version=ONNX_IR_VERSION,
+    )
+    return model.SerializeToString()
+
+
 def simple_model_bytes() -> bytes:
     import onnx
     from onnx import TensorProto, helper
@@ -386,13 +399,7 @@ def simple_model_bytes() -> bytes:
         [info("INPUT0"), info("INPUT1")],
         [info("OUTPUT0"), info("OUTPUT1")],
     )
-    model = helper.make_model(
-        graph,
-        producer_name="inferd.examples.build_models",
-        opset_imports=[helper.make_opsetid("", ONNX_OPSET)],
-        ir_version=ONNX_IR_VERSION,
-    )
-    return model.SerializeToString()
+    return _serialize(graph)
 
 
 def build_simple(repo: Path, verbose: bool = True) -> Path:
@@ -453,13 +460,7 @@ def mixed_model_bytes() -> bytes:
         ],
         initializer=initializers,
     )
-    model = helper.make_model(
-        graph,
-        producer_name="inferd.examples.build_models",
-        opset_imports=[helper.make_opsetid("", ONNX_OPSET)],
-        ir_version=ONNX_IR_VERSION,
-    )
-    return model.SerializeToString()
+    return _serialize(graph)
 
 
 def build_mixed(repo: Path, verbose: bool = True) -> Path:
@@ -576,13 +577,7 @@ def captioning_model_bytes() -> bytes:
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", "T", CAPTIONING_VOCAB])],
         initializer=initializers,
     )
-    model = helper.make_model(
-        graph,
-        producer_name="inferd.examples.build_models",
-        opset_imports=[helper.make_opsetid("", ONNX_OPSET)],
-        ir_version=ONNX_IR_VERSION,
-    )
-    return model.SerializeToString()
+    return _serialize(graph)
 
 
 def captioning_inputs(batch: int, seq_len: int, seed: int = 0) -> dict[str, np.ndarray]:
