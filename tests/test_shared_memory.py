@@ -3,6 +3,7 @@ and perf_analyzer --shared-memory system."""
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import numpy as np
@@ -14,6 +15,7 @@ import tritonclient.utils.shared_memory as shm
 from conftest import BUNDLED_REPOSITORY, PERF_SHORT_RUN, run_perf_analyzer, start_server
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
+from inferd.core.errors import InvalidRequest
 from inferd.core.shared_memory import SharedMemoryRegistry
 
 PROTOCOLS = ["http", "grpc"]
@@ -341,3 +343,21 @@ def test_perf_analyzer_system_shared_memory(perf_analyzer, server, perf_protocol
     assert throughputs and all(t > 0 for t in throughputs), output
     # perf_analyzer cleans up after itself.
     assert requests.get(server.url + "/v2/systemsharedmemory/status", timeout=10).json() == []
+
+
+def test_keys_cannot_reach_outside_dev_shm(tmp_path):
+    """A key is a name in /dev/shm: no path, no symbolic link to some other file."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"not for clients" * 8)
+    link = f"inferd_link_{uuid.uuid4().hex[:8]}"
+    link_path = f"/dev/shm/{link}"
+    os.symlink(secret, link_path)
+    registry = SharedMemoryRegistry()
+    try:
+        for key in (link, f"/{link}", "../" + str(secret), str(secret), "..", "."):
+            with pytest.raises(InvalidRequest, match="Unable to open shared memory region"):
+                registry.register("r", key, 0, 8)
+        assert registry.status() == []
+    finally:
+        os.unlink(link_path)
+        registry.close()

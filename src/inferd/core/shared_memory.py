@@ -80,7 +80,8 @@ class SharedMemoryRegistry:
         if not leaf or "/" in leaf or leaf in (".", ".."):
             raise InvalidRequest(f"Unable to open shared memory region: '{key}' (not a valid shared memory key)")
         try:
-            fd = os.open(os.path.join(SHM_DIR, leaf), os.O_RDWR)
+            # O_NOFOLLOW: a symbolic link in /dev/shm must not map some other file into the server.
+            fd = os.open(os.path.join(SHM_DIR, leaf), os.O_RDWR | os.O_NOFOLLOW)
         except OSError as exc:
             raise InvalidRequest(f"Unable to open shared memory region: '{key}' ({exc.strerror})") from None
         try:
