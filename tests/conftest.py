@@ -37,7 +37,13 @@ class Server:
     """One ``inferd serve`` subprocess. Its output goes to a log file (no pipe to fill up)."""
 
     def __init__(
-        self, args: list[str], log_path: Path, port: int, cmd: list[str] | None = None, grpc_port: int = 0
+        self,
+        args: list[str],
+        log_path: Path,
+        port: int,
+        cmd: list[str] | None = None,
+        grpc_port: int = 0,
+        metrics_port: int = 0,
     ) -> None:
         self.port = port
         self.host = HOST
@@ -46,6 +52,9 @@ class Server:
         #: KServe V2 gRPC (every test server gets a free port of its own, never the default 8001)
         self.grpc_port = grpc_port
         self.grpc_address = f"{HOST}:{grpc_port}"
+        #: Prometheus metrics (a free port of its own too, never the default 8002)
+        self.metrics_port = metrics_port
+        self.metrics_url = f"http://{HOST}:{metrics_port}/metrics"
         self.log_path = log_path
         self.cmd = cmd or [sys.executable, "-m", "inferd", "serve", *args]
         self._log_file = open(log_path, "wb")
@@ -171,13 +180,19 @@ def start_server(
             if grpc_port != port:
                 break
             grpc_port = free_port()
+        metrics_port = free_port()
+        for _ in range(5):
+            if metrics_port not in (port, grpc_port):
+                break
+            metrics_port = free_port()
         args = ["--host", HOST, "--http-port", str(port), "--grpc-port", str(grpc_port)]
+        args += ["--metrics-port", str(metrics_port)]
         for repo in repositories or []:
             args += ["--model-repository", str(repo)]
         args += extra or []
         log_path = log_dir / f"server-{port}.log"
         cmd = [*cmd_prefix, *args] if cmd_prefix else None
-        server = Server(args, log_path, port, cmd, grpc_port)
+        server = Server(args, log_path, port, cmd, grpc_port, metrics_port)
         deadline = time.monotonic() + START_TIMEOUT
         # A lost port race shows up as an early exit; everything else is a real failure.
         while time.monotonic() < deadline and server.proc.poll() is None:

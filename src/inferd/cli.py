@@ -35,6 +35,18 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         action=argparse.BooleanOptionalAction,
         help="serve KServe V2 gRPC (Triton's GRPCInferenceService) next to REST (default: on, as Triton)",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=8002,
+        help="Prometheus metrics port, GET /metrics (default: 8002, as Triton)",
+    )
+    p.add_argument(
+        "--allow-metrics",
+        default=True,
+        action=argparse.BooleanOptionalAction,
+        help="serve Prometheus metrics on --metrics-port (default: on, as Triton)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity")
     p.add_argument(
         "--strict-readiness",
@@ -115,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
             http_port=args.http_port,
             grpc_port=args.grpc_port,
             allow_grpc=args.allow_grpc,
+            metrics_port=args.metrics_port,
+            allow_metrics=args.allow_metrics,
             strict_readiness=args.strict_readiness,
             max_request_size=args.max_request_size,
             drain_timeout=args.drain_timeout,

@@ -25,6 +25,9 @@ class ServeOptions:
     #: KServe V2 gRPC (Triton's GRPCInferenceService); off with allow_grpc=False
     grpc_port: int = 8001
     allow_grpc: bool = True
+    #: Prometheus metrics at GET /metrics (as Triton's --metrics-port); off with allow_metrics=False
+    metrics_port: int = 8002
+    allow_metrics: bool = True
     strict_readiness: bool = True
     max_request_size: int = 64 * 1024 * 1024
     drain_timeout: float = 30.0
@@ -66,11 +69,26 @@ async def serve(options: ServeOptions, started: asyncio.Event | None = None) -> 
             log.error("%s", exc)
             return 1
         log.info("KServe V2 gRPC listening on %s", grpc_server.address)
+    metrics: HttpServer | None = None
+    if options.allow_metrics:
+        from inferd.frontends.metrics import MetricsHttp  # prometheus_client is imported only when served
+
+        metrics = HttpServer(MetricsHttp(core), options.host, options.metrics_port, 64 * 1024, direct_writes=False)
+        try:
+            await metrics.start()
+        except OSError as exc:
+            log.error("metrics port %s:%d: %s", options.host, options.metrics_port, exc)
+            if grpc_server is not None:
+                await grpc_server.drain(0)
+            return 1
+        log.info("Prometheus metrics listening on %s:%d/metrics", options.host, metrics.port)
     try:
         await http.start()
     except BaseException:
         if grpc_server is not None:
             await grpc_server.drain(0)
+        if metrics is not None:
+            await metrics.drain(0)
         raise
     log.info("KServe V2 HTTP listening on %s:%d", options.host, http.port)
     await core.start()
@@ -92,6 +110,8 @@ async def serve(options: ServeOptions, started: asyncio.Event | None = None) -> 
     if grpc_server is not None:
         drains.append(grpc_server.drain(options.drain_timeout))
     drained = all(await asyncio.gather(*drains))
+    if metrics is not None:
+        await metrics.drain(0)
     core.stop()
     log.info("stopped%s", "" if drained else " (some requests were still running)")
     return 0

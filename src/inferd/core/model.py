@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import threading
+from bisect import bisect_left
 from collections.abc import Callable
 from pathlib import Path
 from time import perf_counter_ns
@@ -26,7 +27,7 @@ from inferd.config.model_config import (
 from inferd.core.datatypes import CONFIG_TO_V2, V2_TO_NUMPY, v2_name
 from inferd.core.errors import InferdError, InvalidRequest, ModelLoadError, Unavailable
 from inferd.core.scheduler import BatchPolicy, Instance, Scheduler
-from inferd.core.stats import ModelStats
+from inferd.core.stats import DURATION_BOUNDS_NS, ModelStats
 from inferd.core.types import InferRequest, Tensors
 
 log = logging.getLogger("inferd.model")
@@ -308,9 +309,16 @@ class Model:
         self.inflight -= len(batch)
         elapsed = 0
         rows = 0
-        for request in batch:
-            elapsed += end - request.received_ns
-            rows += request.rows
+        if ok:
+            buckets = stats.duration_buckets
+            for request in batch:
+                duration = end - request.received_ns
+                elapsed += duration
+                rows += request.rows
+                buckets[bisect_left(DURATION_BOUNDS_NS, duration)] += 1
+        else:
+            for request in batch:
+                elapsed += end - request.received_ns
         if ok:
             stats.record_batch(rows, len(batch), queue_ns, input_ns, infer_ns, output_ns)
             stats.success_count += len(batch)

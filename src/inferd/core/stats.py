@@ -5,6 +5,27 @@ from __future__ import annotations
 import time
 from typing import Any
 
+#: Upper bounds (ns) of the request duration histogram's buckets, 100 µs to 10 s; a last bucket
+#: (index ``len(DURATION_BOUNDS_NS)``) holds everything longer (+Inf).
+DURATION_BOUNDS_NS = (
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    500_000_000,
+    1_000_000_000,
+    2_500_000_000,
+    5_000_000_000,
+    10_000_000_000,
+)
+
 
 class ModelStats:
     """Counters updated on the event loop thread only, so they need no lock.
@@ -30,6 +51,7 @@ class ModelStats:
         "execution_count",
         "last_inference_ms",
         "batches",
+        "duration_buckets",
     )
 
     def __init__(self) -> None:
@@ -44,6 +66,8 @@ class ModelStats:
         self.last_inference_ms = 0
         #: batch size -> [executions, compute_input ns, compute_infer ns, compute_output ns]
         self.batches: dict[int, list[int]] = {}
+        #: successful requests per duration bucket (not cumulative): index ``bisect_left(DURATION_BOUNDS_NS, ns)``
+        self.duration_buckets = [0] * (len(DURATION_BOUNDS_NS) + 1)
 
     def record_batch(
         self, rows: int, requests: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int
