@@ -243,8 +243,11 @@ TARGETS: dict[str, Target] = {
                 "--drain-timeout",
                 "5",
             ),
-            # Servers that also speak gRPC get a free port instead of a fixed default (8001).
-            if_supported=(("--grpc-port", ("--grpc-port", "{grpc_port}")),),
+            # gRPC and metrics get free ports instead of the fixed defaults (8001, 8002).
+            if_supported=(
+                ("--grpc-port", ("--grpc-port", "{grpc_port}")),
+                ("--metrics-port", ("--metrics-port", "{metrics_port}")),
+            ),
             help_command=("{python}", "-m", "inferd", "serve", "--help"),
         ),
         # A comparison server, used when present on PATH (the same repositories are valid Triton ones).

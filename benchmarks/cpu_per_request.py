@@ -98,6 +98,8 @@ def main() -> int:
     ).stdout
     if "--grpc-port" in help_text:
         cmd += ["--grpc-port", str(grpc_port)]
+    if "--metrics-port" in help_text:
+        cmd += ["--metrics-port", str(free_port())]
     server = subprocess.Popen(cmd)
     try:
         deadline = time.monotonic() + 60

@@ -56,41 +56,31 @@ async def serve(options: ServeOptions, started: asyncio.Event | None = None) -> 
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):
             pass
-    # Listen first so liveness answers while models load; readiness waits for them.
-    # gRPC before HTTP: once HTTP answers, both accept.
+    # Every front end listens before the models load, so liveness answers while they do
+    # (readiness waits for them); HTTP last: once it answers, all of them accept.
+    frontends: list[tuple[str, Any]] = []
     grpc_server: Any = None
     if options.allow_grpc:
         from inferd.frontends.kserve_grpc import KServeGrpc  # grpc is imported only when served
 
         grpc_server = KServeGrpc(core, options.host, options.grpc_port, options.max_request_size)
-        try:
-            await grpc_server.start()
-        except OSError as exc:
-            log.error("%s", exc)
-            return 1
-        log.info("KServe V2 gRPC listening on %s", grpc_server.address)
+        frontends.append(("KServe V2 gRPC", grpc_server))
     metrics: HttpServer | None = None
     if options.allow_metrics:
         from inferd.frontends.metrics import MetricsHttp  # prometheus_client is imported only when served
 
         metrics = HttpServer(MetricsHttp(core), options.host, options.metrics_port, 64 * 1024, direct_writes=False)
+        frontends.append(("Prometheus metrics", metrics))
+    frontends.append(("KServe V2 HTTP", http))
+    for index, (label, frontend) in enumerate(frontends):
         try:
-            await metrics.start()
+            await frontend.start()
         except OSError as exc:
-            log.error("metrics port %s:%d: %s", options.host, options.metrics_port, exc)
-            if grpc_server is not None:
-                await grpc_server.drain(0)
+            log.error("%s cannot listen on %s:%d: %s", label, options.host, frontend.port, exc)
+            for _, started_frontend in frontends[:index]:
+                await started_frontend.drain(0)
             return 1
-        log.info("Prometheus metrics listening on %s:%d/metrics", options.host, metrics.port)
-    try:
-        await http.start()
-    except BaseException:
-        if grpc_server is not None:
-            await grpc_server.drain(0)
-        if metrics is not None:
-            await metrics.drain(0)
-        raise
-    log.info("KServe V2 HTTP listening on %s:%d", options.host, http.port)
+        log.info("%s listening on %s:%d", label, options.host, frontend.port)
     await core.start()
     for row in core.index():
         log.info(
